@@ -1,0 +1,241 @@
+// The C ABI between gpu-leak-test and libtorch.
+//
+// Every entry point catches every C++ exception and hands its message back as
+// a heap string (free it with glt_free_string); nothing unwinds across the
+// FFI boundary. Only device-generic c10 headers are used, so building needs no
+// CUDA toolkit: the CUDA side of libtorch is reached at run time through its
+// registered allocator and device guard, and through dlsym.
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+
+namespace {
+
+char* copy_string(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) {
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  }
+  return out;
+}
+
+// Runs `body`; on a C++ exception returns its message (without c10's long
+// C++ backtrace), otherwise nullptr.
+template <typename F>
+char* guarded(F&& body) {
+  try {
+    body();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    return copy_string(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return copy_string(e.what());
+  } catch (...) {
+    return copy_string("unknown C++ exception");
+  }
+}
+
+std::string directory_of_loaded_c10() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&c10::GetAllocator), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return "";
+  }
+  std::string path(info.dli_fname);
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+void* torch_cuda_handle = nullptr;
+
+c10::DeviceAllocator* cuda_allocator() {
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
+
+const c10::impl::DeviceGuardImplInterface* cuda_guard() {
+  // Throws "PyTorch is not linked with support for cuda devices" when
+  // libtorch_cuda was never loaded.
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+}  // namespace
+
+extern "C" {
+
+void glt_free_string(char* text) { std::free(text); }
+
+// Loads libtorch_cuda.so from the folder libc10.so was loaded from, so its
+// static initialisers register the CUDA allocator and device guard. Linkers
+// drop it with --as-needed when nothing references it. On success *loaded is
+// 1; where the library is missing or cannot load (a CPU-only libtorch), it is
+// 0 and *why says what dlopen reported.
+char* glt_load_torch_cuda(int* loaded, char** why) {
+  return guarded([&] {
+    *loaded = 0;
+    *why = nullptr;
+    if (torch_cuda_handle != nullptr) {
+      *loaded = 1;
+      return;
+    }
+    std::string path = directory_of_loaded_c10() + "libtorch_cuda.so";
+    torch_cuda_handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (torch_cuda_handle == nullptr) {
+      // Fall back to the loader's search path (LD_LIBRARY_PATH, runpath).
+      torch_cuda_handle = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL);
+    }
+    if (torch_cuda_handle != nullptr) {
+      *loaded = 1;
+    } else {
+      const char* err = dlerror();
+      *why = copy_string(err != nullptr ? err : "dlopen failed");
+    }
+  });
+}
+
+char* glt_cuda_device_count(int32_t* count) {
+  return guarded([&] { *count = static_cast<int32_t>(cuda_guard()->deviceCount()); });
+}
+
+struct glt_stat {
+  int64_t current;
+  int64_t peak;
+};
+
+struct glt_allocator_stats {
+  glt_stat allocated_bytes;
+  glt_stat reserved_bytes;
+  glt_stat active_bytes;
+  glt_stat requested_bytes;
+  glt_stat allocations;
+  glt_stat segments;
+  int64_t num_alloc_retries;
+  int64_t num_ooms;
+};
+
+char* glt_cuda_allocator_stats(int32_t device, glt_allocator_stats* out) {
+  return guarded([&] {
+    auto stats = cuda_allocator()->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    auto aggregate = [](const c10::CachingDeviceAllocator::StatArray& array) {
+      const auto& stat = array[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      return glt_stat{stat.current, stat.peak};
+    };
+    out->allocated_bytes = aggregate(stats.allocated_bytes);
+    out->reserved_bytes = aggregate(stats.reserved_bytes);
+    out->active_bytes = aggregate(stats.active_bytes);
+    out->requested_bytes = aggregate(stats.requested_bytes);
+    out->allocations = aggregate(stats.allocation);
+    out->segments = aggregate(stats.segment);
+    out->num_alloc_retries = stats.num_alloc_retries;
+    out->num_ooms = stats.num_ooms;
+  });
+}
+
+char* glt_cuda_empty_cache() {
+  return guarded([&] { cuda_allocator()->emptyCache(); });
+}
+
+char* glt_cuda_reset_peak_stats(int32_t device) {
+  return guarded([&] { cuda_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
+}
+
+char* glt_cuda_synchronize(int32_t device) {
+  return guarded([&] { cuda_guard()->synchronizeDevice(static_cast<c10::DeviceIndex>(device)); });
+}
+
+char* glt_cuda_driver_memory(int32_t device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  return guarded([&] {
+    auto info = cuda_allocator()->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+    *free_bytes = info.first;
+    *total_bytes = info.second;
+  });
+}
+
+// at::cuda::clearCublasWorkspaces() lives in libtorch_cuda.so and is not in
+// any header this shim may include; it is looked up by its mangled name.
+// *available is 0 where the symbol is missing (CPU-only libtorch, or a
+// libtorch that renamed it).
+char* glt_cuda_clear_cublas_workspaces(int* available) {
+  return guarded([&] {
+    using clear_fn = void (*)();
+    void* symbol = dlsym(RTLD_DEFAULT, "_ZN2at4cuda21clearCublasWorkspacesEv");
+    if (symbol == nullptr && torch_cuda_handle != nullptr) {
+      symbol = dlsym(torch_cuda_handle, "_ZN2at4cuda21clearCublasWorkspacesEv");
+    }
+    *available = symbol != nullptr ? 1 : 0;
+    if (symbol != nullptr) {
+      reinterpret_cast<clear_fn>(symbol)();
+    }
+  });
+}
+
+// ---- The per-thread allocation hook -------------------------------------
+
+// Called for every allocation (size > 0) and free (size < 0) reported to the
+// thread's memory-reporting debug info. device_type is c10::DeviceType as an
+// integer (0 = CPU, 1 = CUDA); device_index is -1 where libtorch gives none.
+// It must not unwind.
+typedef void (*glt_event_fn)(void* context, void* ptr, int64_t size, int32_t device_type,
+                             int32_t device_index);
+// Called for every out-of-memory report, with the size that failed.
+typedef void (*glt_oom_fn)(void* context, int64_t size, int32_t device_type, int32_t device_index);
+// Called once when libtorch drops its last reference to the hook, which can
+// be after glt_hook_pop: autograd threads copy the thread's debug info.
+typedef void (*glt_release_fn)(void* context);
+
+namespace {
+struct RustHook final : c10::MemoryReportingInfoBase {
+  RustHook(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release, void* context)
+      : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context) {}
+  ~RustHook() override { on_release(context); }
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device) override {
+    on_event(context, ptr, alloc_size, static_cast<int32_t>(device.type()), device.index());
+  }
+  void reportOutOfMemory(int64_t alloc_size, size_t, size_t, c10::Device device) override {
+    on_oom(context, alloc_size, static_cast<int32_t>(device.type()), device.index());
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+
+  glt_event_fn on_event;
+  glt_oom_fn on_oom;
+  glt_release_fn on_release;
+  void* context;
+};
+}  // namespace
+
+// Pushes a hook onto this thread's debug-info stack. The hook owns `context`
+// from here on and calls on_release exactly once, also when pushing fails.
+char* glt_hook_push(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release,
+                    void* context) {
+  return guarded([&] {
+    auto hook = std::make_shared<RustHook>(on_event, on_oom, on_release, context);
+    c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(hook));
+  });
+}
+
+// Pops the hook this thread pushed last. Fails if something else was pushed
+// on top of it (hooks must be removed in reverse order).
+char* glt_hook_pop() {
+  return guarded([&] {
+    auto popped = c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+    if (dynamic_cast<RustHook*>(popped.get()) == nullptr) {
+      // Someone else's profiler state: put it back and say so.
+      c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(popped));
+      throw std::runtime_error(
+          "the innermost profiler state on this thread is not a gpu-leak-test hook");
+    }
+  });
+}
+
+}  // extern "C"

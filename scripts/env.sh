@@ -1,0 +1,36 @@
+# Source this file: it provisions (or reuses) a Python environment with the
+# PyTorch that tch 0.24 pins, then exports what builds and test runs need.
+#
+#   . scripts/env.sh
+#
+# The environment lives outside the clone, keyed by torch version, so every
+# clone on the machine shares one 4.6 GB install. Override its parent folder
+# with GPU_LEAK_TEST_CACHE_DIR.
+TORCH_VERSION=2.11.0
+_cache_root=${GPU_LEAK_TEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-leak-test}
+GPU_LEAK_TEST_VENV=$_cache_root/torch-$TORCH_VERSION
+
+# Finding torch's folder and version without importing it keeps this fast and quiet.
+_torch_dir() {
+    "$GPU_LEAK_TEST_VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("torch").submodule_search_locations[0])' 2>/dev/null
+}
+if [ "$(cat "$(_torch_dir)/version.py" 2>/dev/null | sed -n "s/^__version__ = '\([0-9.]*\).*/\1/p")" != "$TORCH_VERSION" ]; then
+    echo "gpu-leak-test: installing torch==$TORCH_VERSION into $GPU_LEAK_TEST_VENV (once per machine, about 5 GB)" >&2
+    mkdir -p "$_cache_root"
+    # Build in a temporary folder and move it into place, so an interrupted
+    # install is never mistaken for a finished one.
+    _tmp_venv=$(mktemp -d "$_cache_root/.venv-XXXXXX")
+    python3 -m venv "$_tmp_venv" &&
+        "$_tmp_venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" &&
+        rm -rf "$GPU_LEAK_TEST_VENV" &&
+        mv "$_tmp_venv" "$GPU_LEAK_TEST_VENV" ||
+        { echo "gpu-leak-test: installing torch failed; see the pip output above" >&2; rm -rf "$_tmp_venv"; return 1 2>/dev/null || exit 1; }
+fi
+
+export PATH="$GPU_LEAK_TEST_VENV/bin:$PATH"
+export LIBTORCH_USE_PYTORCH=1
+export LIBTORCH_BYPASS_VERSION_CHECK=${LIBTORCH_BYPASS_VERSION_CHECK:-0}
+_torch_lib=$(_torch_dir)/lib
+export LD_LIBRARY_PATH="$_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unset _cache_root _tmp_venv _torch_lib
+unset -f _torch_dir

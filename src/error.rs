@@ -1,0 +1,42 @@
+//! The crate's one error type. Every message says what went wrong, where, and
+//! what to do about it.
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// A CUDA query on a process that has no usable CUDA device.
+    NoCudaDevice { reason: String },
+    /// `cuda:N` where the process sees fewer devices.
+    NoSuchCudaDevice { index: usize, count: usize },
+    /// A libtorch call threw; `call` names the shim entry point.
+    Libtorch { call: &'static str, message: String },
+    /// The allocation hook could not be installed or removed.
+    Hook { message: String },
+    /// A setting (attribute, environment variable or config file) is malformed.
+    Config { source: String, message: String },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoCudaDevice { reason } => write!(
+                f,
+                "no CUDA device: {reason}. CUDA memory cannot be measured in this process; \
+                 run on a machine with an NVIDIA GPU and a CUDA build of libtorch, or use device = \"cpu\""
+            ),
+            Error::NoSuchCudaDevice { index, count } => write!(
+                f,
+                "no CUDA device cuda:{index}: this process sees {count} CUDA device(s) \
+                 (cuda:0..cuda:{}); pick one of those or check CUDA_VISIBLE_DEVICES",
+                count.saturating_sub(1)
+            ),
+            Error::Libtorch { call, message } => write!(f, "libtorch failed in {call}: {message}"),
+            Error::Hook { message } => write!(f, "allocation hook: {message}"),
+            Error::Config { source, message } => write!(f, "{source}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

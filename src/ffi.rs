@@ -1,0 +1,67 @@
+//! Declarations of csrc/shim.cpp and the one helper that turns its error
+//! strings into [`Error`]s.
+use crate::error::{Error, Result};
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawStat {
+    pub current: i64,
+    pub peak: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawAllocatorStats {
+    pub allocated_bytes: RawStat,
+    pub reserved_bytes: RawStat,
+    pub active_bytes: RawStat,
+    pub requested_bytes: RawStat,
+    pub allocations: RawStat,
+    pub segments: RawStat,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+}
+
+pub(crate) type EventFn = extern "C" fn(*mut c_void, *mut c_void, i64, i32, i32);
+pub(crate) type OomFn = extern "C" fn(*mut c_void, i64, i32, i32);
+pub(crate) type ReleaseFn = extern "C" fn(*mut c_void);
+
+extern "C" {
+    fn glt_free_string(text: *mut c_char);
+    pub(crate) fn glt_load_torch_cuda(loaded: *mut c_int, why: *mut *mut c_char) -> *mut c_char;
+    pub(crate) fn glt_cuda_device_count(count: *mut i32) -> *mut c_char;
+    pub(crate) fn glt_cuda_allocator_stats(device: i32, out: *mut RawAllocatorStats) -> *mut c_char;
+    pub(crate) fn glt_cuda_empty_cache() -> *mut c_char;
+    pub(crate) fn glt_cuda_reset_peak_stats(device: i32) -> *mut c_char;
+    pub(crate) fn glt_cuda_synchronize(device: i32) -> *mut c_char;
+    pub(crate) fn glt_cuda_driver_memory(device: i32, free: *mut u64, total: *mut u64) -> *mut c_char;
+    pub(crate) fn glt_cuda_clear_cublas_workspaces(available: *mut c_int) -> *mut c_char;
+    pub(crate) fn glt_hook_push(
+        on_event: EventFn,
+        on_oom: OomFn,
+        on_release: ReleaseFn,
+        context: *mut c_void,
+    ) -> *mut c_char;
+    pub(crate) fn glt_hook_pop() -> *mut c_char;
+}
+
+/// Takes ownership of a string the shim allocated (null is fine).
+pub(crate) fn take_string(text: *mut c_char) -> Option<String> {
+    if text.is_null() {
+        return None;
+    }
+    // SAFETY: the shim returns NUL-terminated strings from malloc and gives
+    // up ownership; we free each exactly once.
+    let owned = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    unsafe { glt_free_string(text) };
+    Some(owned)
+}
+
+/// Converts a shim return value into a Result, naming the call on failure.
+pub(crate) fn check(call: &'static str, error: *mut c_char) -> Result<()> {
+    match take_string(error) {
+        None => Ok(()),
+        Some(message) => Err(Error::Libtorch { call, message }),
+    }
+}

@@ -1,0 +1,196 @@
+//! What the CUDA caching allocator and the driver say, through the shim.
+//!
+//! Every function here loads libtorch's CUDA library on first use (linkers
+//! drop it with `--as-needed` when nothing names it) and answers
+//! [`Error::NoCudaDevice`] on a machine without CUDA, never a panic.
+use crate::error::{Error, Result};
+use crate::ffi;
+use std::ffi::{c_char, c_int};
+use std::sync::OnceLock;
+
+/// Current and peak value of one allocator statistic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub current: u64,
+    pub peak: u64,
+}
+
+impl From<ffi::RawStat> for Stat {
+    fn from(raw: ffi::RawStat) -> Self {
+        Stat { current: raw.current.max(0) as u64, peak: raw.peak.max(0) as u64 }
+    }
+}
+
+/// The caching allocator's statistics for one device (all pools together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes in blocks handed out to tensors (`torch.cuda.memory_allocated`).
+    pub allocated_bytes: Stat,
+    /// Bytes the allocator holds from the driver, used or cached
+    /// (`torch.cuda.memory_reserved`).
+    pub reserved_bytes: Stat,
+    /// Bytes in active blocks: allocated, or freed but still in use by a stream.
+    pub active_bytes: Stat,
+    /// Bytes tensors asked for, before rounding to block sizes.
+    pub requested_bytes: Stat,
+    /// Number of live allocations.
+    pub live_allocations: Stat,
+    /// Number of segments obtained from the driver.
+    pub segments: Stat,
+    /// Allocations that failed once and succeeded after freeing the cache.
+    pub alloc_retries: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+}
+
+/// The driver's view of a device (`cudaMemGetInfo`), which includes other
+/// processes, the CUDA context and everything the caching allocator keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverMemory {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+impl DriverMemory {
+    pub fn used_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.free_bytes)
+    }
+}
+
+/// Whether clearing cuBLAS workspaces did anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CublasWorkspaces {
+    Cleared,
+    /// libtorch has no `at::cuda::clearCublasWorkspaces` (a CPU-only build).
+    NotAvailable,
+}
+
+/// Why CUDA is unusable, decided once per process.
+fn cuda_unavailable_reason() -> Option<&'static str> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            let mut loaded: c_int = 0;
+            let mut why: *mut c_char = std::ptr::null_mut();
+            // SAFETY: plain out-parameters.
+            let error = unsafe { ffi::glt_load_torch_cuda(&mut loaded, &mut why) };
+            let why = ffi::take_string(why);
+            if let Err(e) = ffi::check("glt_load_torch_cuda", error) {
+                return Some(e.to_string());
+            }
+            if loaded == 0 {
+                return Some(format!(
+                    "libtorch_cuda.so could not be loaded ({})",
+                    why.unwrap_or_else(|| "no reason given".into())
+                ));
+            }
+            let mut count = 0i32;
+            // SAFETY: plain out-parameter.
+            match ffi::check("glt_cuda_device_count", unsafe { ffi::glt_cuda_device_count(&mut count) }) {
+                Err(e) => Some(e.to_string()),
+                Ok(()) if count <= 0 => Some("the CUDA driver reports no device".into()),
+                Ok(()) => None,
+            }
+        })
+        .as_deref()
+}
+
+/// Number of CUDA devices this process sees; 0 without CUDA.
+pub fn device_count() -> usize {
+    if cuda_unavailable_reason().is_some() {
+        return 0;
+    }
+    let mut count = 0i32;
+    // SAFETY: plain out-parameter.
+    match ffi::check("glt_cuda_device_count", unsafe { ffi::glt_cuda_device_count(&mut count) }) {
+        Ok(()) => count.max(0) as usize,
+        Err(_) => 0,
+    }
+}
+
+/// True when at least one CUDA device can be measured. Also makes `tch`'s
+/// own `Cuda::is_available()` true, since it loads libtorch's CUDA library.
+pub fn is_available() -> bool {
+    cuda_unavailable_reason().is_none()
+}
+
+/// Checks that `cuda:index` exists and returns it as libtorch's index type.
+pub fn check_device(index: usize) -> Result<i32> {
+    if let Some(reason) = cuda_unavailable_reason() {
+        return Err(Error::NoCudaDevice { reason: reason.to_string() });
+    }
+    let count = device_count();
+    if index >= count {
+        return Err(Error::NoSuchCudaDevice { index, count });
+    }
+    Ok(index as i32)
+}
+
+/// Makes sure CUDA is usable at all (for calls that are not per device).
+fn check_any() -> Result<()> {
+    match cuda_unavailable_reason() {
+        Some(reason) => Err(Error::NoCudaDevice { reason: reason.to_string() }),
+        None => Ok(()),
+    }
+}
+
+pub fn allocator_stats(index: usize) -> Result<AllocatorStats> {
+    let device = check_device(index)?;
+    let mut raw = ffi::RawAllocatorStats::default();
+    // SAFETY: `raw` is a repr(C) mirror of glt_allocator_stats.
+    ffi::check("glt_cuda_allocator_stats", unsafe { ffi::glt_cuda_allocator_stats(device, &mut raw) })?;
+    Ok(AllocatorStats {
+        allocated_bytes: raw.allocated_bytes.into(),
+        reserved_bytes: raw.reserved_bytes.into(),
+        active_bytes: raw.active_bytes.into(),
+        requested_bytes: raw.requested_bytes.into(),
+        live_allocations: raw.allocations.into(),
+        segments: raw.segments.into(),
+        alloc_retries: raw.num_alloc_retries.max(0) as u64,
+        ooms: raw.num_ooms.max(0) as u64,
+    })
+}
+
+/// Returns cached blocks that no tensor uses to the driver
+/// (`torch.cuda.empty_cache()`): reserved drops, allocated does not.
+pub fn empty_cache() -> Result<()> {
+    check_any()?;
+    // SAFETY: no arguments.
+    ffi::check("glt_cuda_empty_cache", unsafe { ffi::glt_cuda_empty_cache() })
+}
+
+/// Resets the allocator's peak statistics to their current values; frees nothing.
+pub fn reset_peak_stats(index: usize) -> Result<()> {
+    let device = check_device(index)?;
+    // SAFETY: plain argument.
+    ffi::check("glt_cuda_reset_peak_stats", unsafe { ffi::glt_cuda_reset_peak_stats(device) })
+}
+
+/// Waits for all work queued on the device.
+pub fn synchronize(index: usize) -> Result<()> {
+    let device = check_device(index)?;
+    // SAFETY: plain argument.
+    ffi::check("glt_cuda_synchronize", unsafe { ffi::glt_cuda_synchronize(device) })
+}
+
+pub fn driver_memory(index: usize) -> Result<DriverMemory> {
+    let device = check_device(index)?;
+    let (mut free_bytes, mut total_bytes) = (0u64, 0u64);
+    // SAFETY: plain out-parameters.
+    ffi::check("glt_cuda_driver_memory", unsafe {
+        ffi::glt_cuda_driver_memory(device, &mut free_bytes, &mut total_bytes)
+    })?;
+    Ok(DriverMemory { free_bytes, total_bytes })
+}
+
+/// Frees cuBLAS's per-handle workspaces, which live in the caching allocator
+/// and outlive every tensor.
+pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
+    check_any()?;
+    let mut available: c_int = 0;
+    // SAFETY: plain out-parameter.
+    ffi::check("glt_cuda_clear_cublas_workspaces", unsafe {
+        ffi::glt_cuda_clear_cublas_workspaces(&mut available)
+    })?;
+    Ok(if available != 0 { CublasWorkspaces::Cleared } else { CublasWorkspaces::NotAvailable })
+}

@@ -1,0 +1,335 @@
+//! Exact, attributable accounting from libtorch's per-thread allocation hook.
+//!
+//! A [`Tracker`] counts every allocation and free that libtorch reports to a
+//! thread it is installed on ([`Tracker::enter`]). libtorch copies the hook to
+//! the autograd threads that run `backward()` for that thread, so their
+//! allocations count too; threads it was never entered on are invisible, which
+//! is what keeps tests in parallel threads apart.
+//!
+//! Counting costs a few atomic operations per event. Site recording
+//! ([`Tracker::start_recording`]) additionally keeps every live allocation
+//! with an unresolved stack, for attribution after a test has failed.
+use super::stacks::Stack;
+use crate::error::{Error, Result};
+use crate::ffi;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tch::Device;
+
+/// Slot 0 is the CPU, slots 1..=MAX_CUDA_DEVICES are cuda:0.., the last one
+/// collects anything else libtorch reports (MPS, XPU, ...).
+const MAX_CUDA_DEVICES: usize = 16;
+const SLOTS: usize = MAX_CUDA_DEVICES + 2;
+const OTHER_SLOT: usize = SLOTS - 1;
+/// libtorch's c10::DeviceType values.
+const DEVICE_TYPE_CPU: i32 = 0;
+const DEVICE_TYPE_CUDA: i32 = 1;
+
+fn slot_of_raw(device_type: i32, device_index: i32) -> usize {
+    match device_type {
+        DEVICE_TYPE_CPU => 0,
+        DEVICE_TYPE_CUDA if (0..MAX_CUDA_DEVICES as i32).contains(&device_index) => 1 + device_index as usize,
+        // A CUDA event without an index belongs to the current device; libtorch
+        // always sets it, so this is only a guard.
+        DEVICE_TYPE_CUDA if device_index < 0 => 1,
+        _ => OTHER_SLOT,
+    }
+}
+
+fn slot_of(device: Device) -> usize {
+    match device {
+        Device::Cpu => 0,
+        Device::Cuda(index) => slot_of_raw(DEVICE_TYPE_CUDA, index as i32),
+        _ => OTHER_SLOT,
+    }
+}
+
+fn device_of_raw(device_type: i32, device_index: i32) -> Device {
+    match device_type {
+        DEVICE_TYPE_CPU => Device::Cpu,
+        DEVICE_TYPE_CUDA => Device::Cuda(device_index.max(0) as usize),
+        _ => Device::Mps,
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    live: AtomicI64,
+    peak: AtomicI64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+}
+
+/// One allocation that was alive when it was looked at, recorded while site
+/// recording was on.
+#[derive(Debug, Clone)]
+pub struct LiveAllocation {
+    pub address: usize,
+    pub bytes: u64,
+    pub device: Device,
+    /// The tag that was current when it was allocated (the harness uses the
+    /// iteration number).
+    pub tag: u32,
+    /// False when libtorch allocated it on another thread that carried the
+    /// hook, such as an autograd thread during `backward()`.
+    pub on_owner_thread: bool,
+    pub stack: Stack,
+}
+
+/// A failed allocation libtorch reported (out of memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory {
+    pub bytes: u64,
+    pub device: Device,
+}
+
+/// The hook's figures for one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookView {
+    /// Bytes allocated minus bytes freed since the tracker was created.
+    /// Negative when more was freed than allocated (tensors from before).
+    pub live_bytes: i64,
+    /// The highest `live_bytes` since creation or the last peak reset.
+    pub peak_bytes: i64,
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+thread_local! {
+    // Its address tells threads apart for the price of a TLS lookup.
+    static THREAD_TOKEN: u8 = const { 0 };
+}
+
+fn thread_token() -> usize {
+    THREAD_TOKEN.with(|token| token as *const u8 as usize)
+}
+
+struct TrackerState {
+    slots: [Slot; SLOTS],
+    /// Allocations made by threads other than the owner (autograd's device
+    /// threads, helpers the test entered the tracker on).
+    allocations_on_other_threads: AtomicU64,
+    owner_token: usize,
+    recording: AtomicBool,
+    tag: AtomicU32,
+    max_frames: usize,
+    sites: Mutex<HashMap<usize, LiveAllocation>>,
+    last_oom: Mutex<Option<OutOfMemory>>,
+    oom_count: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave the map half-updated in
+    // a way that matters for counting; keep going.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl TrackerState {
+    fn on_event(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
+        let slot = &self.slots[slot_of_raw(device_type, device_index)];
+        let live = slot.live.fetch_add(size, Relaxed) + size;
+        if size > 0 {
+            slot.allocations.fetch_add(1, Relaxed);
+            slot.peak.fetch_max(live, Relaxed);
+            if thread_token() != self.owner_token {
+                self.allocations_on_other_threads.fetch_add(1, Relaxed);
+            }
+        } else {
+            slot.frees.fetch_add(1, Relaxed);
+        }
+        if self.recording.load(Relaxed) {
+            self.record_site(address, size, device_type, device_index);
+        }
+    }
+
+    #[inline(never)]
+    fn record_site(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
+        if size > 0 {
+            let stack = Stack::capture(self.max_frames);
+            let allocation = LiveAllocation {
+                address,
+                bytes: size as u64,
+                device: device_of_raw(device_type, device_index),
+                tag: self.tag.load(Relaxed),
+                on_owner_thread: thread_token() == self.owner_token,
+                stack,
+            };
+            lock(&self.sites).insert(address, allocation);
+        } else {
+            lock(&self.sites).remove(&address);
+        }
+    }
+}
+
+extern "C" fn on_event(context: *mut c_void, ptr: *mut c_void, size: i64, device_type: i32, device_index: i32) {
+    // SAFETY: `context` is the Arc<TrackerState> handed to glt_hook_push, kept
+    // alive until on_release.
+    let state = unsafe { &*(context as *const TrackerState) };
+    // Unwinding into libtorch would abort the process; drop the event instead.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.on_event(ptr as usize, size, device_type, device_index)
+    }));
+}
+
+extern "C" fn on_oom(context: *mut c_void, size: i64, device_type: i32, device_index: i32) {
+    // SAFETY: as in on_event.
+    let state = unsafe { &*(context as *const TrackerState) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.oom_count.fetch_add(1, Relaxed);
+        *lock(&state.last_oom) =
+            Some(OutOfMemory { bytes: size.max(0) as u64, device: device_of_raw(device_type, device_index) });
+    }));
+}
+
+extern "C" fn on_release(context: *mut c_void) {
+    // SAFETY: balances the Arc::into_raw in Tracker::enter; libtorch calls
+    // this exactly once per push.
+    drop(unsafe { Arc::from_raw(context as *const TrackerState) });
+}
+
+/// Exact per-device accounting of what libtorch allocates on the threads the
+/// tracker is entered on. Cloning gives another handle to the same counts.
+#[derive(Clone)]
+pub struct Tracker {
+    state: Arc<TrackerState>,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tracker {
+    /// A tracker owned by the current thread: allocations on other threads
+    /// are marked `on_owner_thread: false` when recorded.
+    pub fn new() -> Self {
+        Tracker {
+            state: Arc::new(TrackerState {
+                slots: Default::default(),
+                recording: AtomicBool::new(false),
+                tag: AtomicU32::new(0),
+                max_frames: super::stacks::DEFAULT_MAX_FRAMES,
+                allocations_on_other_threads: AtomicU64::new(0),
+                owner_token: thread_token(),
+                sites: Mutex::new(HashMap::new()),
+                last_oom: Mutex::new(None),
+                oom_count: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Installs the hook on the current thread until the guard drops. Enter
+    /// it on helper threads too when their allocations belong to the test.
+    pub fn enter(&self) -> Result<HookGuard> {
+        let context = Arc::into_raw(self.state.clone()) as *mut c_void;
+        // SAFETY: the callbacks match the shim's typedefs; the shim owns
+        // `context` from here on and releases it through on_release.
+        let error = unsafe { ffi::glt_hook_push(on_event, on_oom, on_release, context) };
+        ffi::check("glt_hook_push", error).map_err(|e| Error::Hook {
+            message: format!("could not install the allocation hook on this thread: {e}"),
+        })?;
+        Ok(HookGuard { _not_send: PhantomData })
+    }
+
+    pub fn view(&self, device: Device) -> HookView {
+        let slot = &self.state.slots[slot_of(device)];
+        HookView {
+            live_bytes: slot.live.load(Relaxed),
+            peak_bytes: slot.peak.load(Relaxed),
+            allocations: slot.allocations.load(Relaxed),
+            frees: slot.frees.load(Relaxed),
+        }
+    }
+
+    pub fn live_bytes(&self, device: Device) -> i64 {
+        self.state.slots[slot_of(device)].live.load(Relaxed)
+    }
+
+    /// Devices other than `device` that saw events, with their views: a test
+    /// measured on one device can still allocate on another.
+    pub fn other_devices(&self, device: Device) -> Vec<(Device, HookView)> {
+        let measured = slot_of(device);
+        (0..SLOTS)
+            .filter(|&slot| slot != measured)
+            .filter_map(|slot| {
+                let dev = match slot {
+                    0 => Device::Cpu,
+                    OTHER_SLOT => Device::Mps,
+                    n => Device::Cuda(n - 1),
+                };
+                let view = self.view(dev);
+                (view.allocations + view.frees > 0).then_some((dev, view))
+            })
+            .collect()
+    }
+
+    /// Starts a new peak window: the peak becomes the current live bytes.
+    pub fn reset_peak(&self, device: Device) {
+        let slot = &self.state.slots[slot_of(device)];
+        slot.peak.store(slot.live.load(Relaxed), Relaxed);
+    }
+
+    /// Starts keeping every new allocation with its stack, tagged `tag`.
+    pub fn start_recording(&self, tag: u32) {
+        self.state.tag.store(tag, Relaxed);
+        self.state.recording.store(true, Relaxed);
+    }
+
+    /// Tags allocations from now on (the harness passes the iteration).
+    pub fn set_tag(&self, tag: u32) {
+        self.state.tag.store(tag, Relaxed);
+    }
+
+    /// Stops recording; allocations recorded so far stay in the record.
+    pub fn stop_recording(&self) {
+        self.state.recording.store(false, Relaxed);
+    }
+
+    /// Recorded allocations that are still alive, largest first.
+    pub fn recorded_survivors(&self) -> Vec<LiveAllocation> {
+        let mut survivors: Vec<LiveAllocation> = lock(&self.state.sites).values().cloned().collect();
+        survivors.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.tag.cmp(&b.tag)).then(a.address.cmp(&b.address)));
+        survivors
+    }
+
+    /// Forgets everything recorded.
+    pub fn clear_recorded(&self) {
+        lock(&self.state.sites).clear();
+    }
+
+    /// Allocations (all devices) made on threads other than the one that
+    /// created the tracker, such as autograd's threads during `backward()`.
+    pub fn allocations_on_other_threads(&self) -> u64 {
+        self.state.allocations_on_other_threads.load(Relaxed)
+    }
+
+    /// The last out-of-memory report, and how many there were.
+    pub fn out_of_memory(&self) -> (u64, Option<OutOfMemory>) {
+        (self.state.oom_count.load(Relaxed), *lock(&self.state.last_oom))
+    }
+}
+
+/// Keeps the hook installed on one thread; dropping it removes the hook.
+/// Guards on one thread must drop in reverse order of entering.
+#[must_use = "the hook is removed as soon as the guard drops"]
+pub struct HookGuard {
+    // The hook lives in thread-local state: the guard must drop on the
+    // thread that entered it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for HookGuard {
+    fn drop(&mut self) {
+        // SAFETY: no arguments; pops what this thread pushed.
+        if let Err(e) = ffi::check("glt_hook_pop", unsafe { ffi::glt_hook_pop() }) {
+            eprintln!(
+                "gpu-leak-test: could not remove the allocation hook ({e}); something pushed a \
+                 profiler state on this thread inside a leak test and did not remove it"
+            );
+        }
+    }
+}

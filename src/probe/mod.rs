@@ -1,0 +1,38 @@
+//! The memory sources: the exact per-thread allocation hook, the CUDA caching
+//! allocator's statistics, and the driver's view. A [`Snapshot`] reads all of
+//! them for one device at one moment.
+pub mod cuda;
+pub mod hook;
+pub mod stacks;
+
+pub use cuda::{AllocatorStats, CublasWorkspaces, DriverMemory, Stat};
+pub use hook::{HookGuard, HookView, LiveAllocation, OutOfMemory, Tracker};
+pub use stacks::{Frame, Stack, Symbolizer};
+
+use tch::Device;
+
+/// Every view of one device's memory at one moment. `allocator` and `driver`
+/// are `None` on the CPU, where libtorch keeps no statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    pub device: Device,
+    /// Exact: what the tracker's threads allocated and have not freed.
+    pub hook: HookView,
+    pub allocator: Option<AllocatorStats>,
+    pub driver: Option<DriverMemory>,
+}
+
+impl Snapshot {
+    /// Synchronises the device (so frees that wait on streams have happened)
+    /// and reads every view. CUDA views that fail to read are left out.
+    pub fn take(device: Device, tracker: &Tracker) -> Snapshot {
+        let (allocator, driver) = match device {
+            Device::Cuda(index) => {
+                let _ = cuda::synchronize(index);
+                (cuda::allocator_stats(index).ok(), cuda::driver_memory(index).ok())
+            }
+            _ => (None, None),
+        };
+        Snapshot { device, hook: tracker.view(device), allocator, driver }
+    }
+}

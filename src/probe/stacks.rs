@@ -1,0 +1,204 @@
+//! Unresolved stacks captured at allocation time, resolved only when a
+//! report needs them, and the rule that finds the user's frame in them.
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Deep enough to reach user code through libtorch's dispatcher and autograd
+/// wrappers (typically 30 to 60 frames).
+pub const DEFAULT_MAX_FRAMES: usize = 96;
+
+/// Return addresses of one call stack, innermost first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Stack {
+    ips: Box<[usize]>,
+}
+
+impl Stack {
+    /// Captures up to `max_frames` return addresses of the calling thread.
+    #[inline(never)]
+    pub fn capture(max_frames: usize) -> Stack {
+        let mut ips = Vec::with_capacity(max_frames.min(128));
+        // SAFETY: trace_unsynchronized only requires that no other unwinding
+        // runs concurrently on this thread, which a plain walk guarantees.
+        unsafe {
+            backtrace::trace_unsynchronized(|frame| {
+                ips.push(frame.ip() as usize);
+                ips.len() < max_frames
+            })
+        };
+        Stack { ips: ips.into_boxed_slice() }
+    }
+
+    pub fn from_ips(ips: Vec<usize>) -> Stack {
+        Stack { ips: ips.into_boxed_slice() }
+    }
+
+    pub fn ips(&self) -> &[usize] {
+        &self.ips
+    }
+}
+
+/// One resolved frame. Inlined functions give several frames per address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Demangled, without the hash suffix.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    /// `file:line` where both are known.
+    pub fn location(&self) -> Option<String> {
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => Some(format!("{file}:{line}")),
+            (Some(file), None) => Some(file.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Resolves addresses to frames, caching each address: the stacks of one
+/// report share most of their frames.
+#[derive(Default)]
+pub struct Symbolizer {
+    cache: HashMap<usize, Arc<[Frame]>>,
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn resolve(&mut self, stack: &Stack) -> Vec<Frame> {
+        stack.ips().iter().flat_map(|&ip| self.resolve_address(ip).iter().cloned().collect::<Vec<_>>()).collect()
+    }
+
+    fn resolve_address(&mut self, ip: usize) -> Arc<[Frame]> {
+        self.cache
+            .entry(ip)
+            .or_insert_with(|| {
+                let mut frames = Vec::new();
+                backtrace::resolve(ip as *mut std::ffi::c_void, |symbol| {
+                    frames.push(Frame {
+                        function: symbol.name().map(|n| format!("{n:#}")).unwrap_or_else(|| "<unknown>".into()),
+                        file: symbol.filename().map(|p| p.display().to_string()),
+                        line: symbol.lineno(),
+                    });
+                });
+                if frames.is_empty() {
+                    frames.push(Frame { function: format!("<unknown at {ip:#x}>"), file: None, line: None });
+                }
+                frames.into()
+            })
+            .clone()
+    }
+}
+
+/// Crates whose frames are never "the user's code": the standard library,
+/// tch and torch-sys, the unwinder, test frameworks, and this crate.
+const LIBRARY_PREFIXES: &[&str] = &[
+    "std::",
+    "core::",
+    "alloc::",
+    "tch::",
+    "torch_sys::",
+    "backtrace::",
+    "gpu_leak_test::",
+    "test::",
+    "rstest::",
+    "<tch::",
+    "<core::",
+    "<alloc::",
+    "<std::",
+    "<gpu_leak_test::",
+    "__rust",
+];
+
+/// Frames without a source file (C++ libtorch without debug info, libc), in
+/// the standard library, in a crate from a registry, or in this crate's own
+/// sources, are library frames.
+pub fn is_library_frame(frame: &Frame) -> bool {
+    let Some(file) = frame.file.as_deref() else { return true };
+    if LIBRARY_PREFIXES.iter().any(|prefix| frame.function.starts_with(prefix)) {
+        return true;
+    }
+    let own_sources = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    file.starts_with("/rustc/")
+        || file.contains("/.cargo/registry/")
+        || file.contains("/.cargo/git/")
+        || file.contains("/rustlib/src/")
+        || file.starts_with(own_sources)
+        || !(file.ends_with(".rs"))
+}
+
+/// The innermost frame of the user's code, where an allocation "happened"
+/// from the user's point of view.
+pub fn first_user_frame(frames: &[Frame]) -> Option<&Frame> {
+    frames.iter().find(|frame| !is_library_frame(frame))
+}
+
+/// True when the stack passes through libtorch's autograd engine, i.e. the
+/// allocation was made by `backward()`.
+pub fn is_inside_backward(frames: &[Frame]) -> bool {
+    frames.iter().any(|frame| {
+        frame.function.contains("torch::autograd::Engine")
+            || frame.function.contains("torch::autograd::Node")
+            || frame.function.contains("torch_sys::at_backward")
+            || frame.function.contains("atg_backward")
+            || frame.function.contains("at_run_backward")
+            || frame.function.contains("tch::tensor::Tensor::backward")
+            || frame.function.contains("tch::wrappers::tensor::Tensor::backward")
+    })
+}
+
+/// Shows `file` relative to `root` where it lies under it.
+pub fn relative_to(file: &str, root: &Path) -> String {
+    Path::new(file).strip_prefix(root).map(|p| p.display().to_string()).unwrap_or_else(|_| file.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, file: Option<&str>) -> Frame {
+        Frame { function: function.into(), file: file.map(Into::into), line: Some(7) }
+    }
+
+    #[test]
+    fn user_frame_skips_libraries() {
+        let frames = vec![
+            frame("c10::alloc_cpu", None),
+            frame("torch_sys::atg_add", Some("/root/.cargo/registry/src/x/torch-sys/src/lib.rs")),
+            frame("tch::wrappers::tensor_generated::Tensor::g_add", Some("/root/.cargo/registry/src/x/tch/src/a.rs")),
+            frame("core::ops::function::FnMut::call_mut", Some("/rustc/abc/library/core/src/ops/function.rs")),
+            frame("gpu_leak_test::protocol::run", Some(concat!(env!("CARGO_MANIFEST_DIR"), "/src/protocol.rs"))),
+            frame("my_tests::leaks::{{closure}}", Some("/work/crate/tests/leaks.rs")),
+            frame("my_tests::leaks", Some("/work/crate/tests/leaks.rs")),
+        ];
+        assert_eq!(first_user_frame(&frames).unwrap().function, "my_tests::leaks::{{closure}}");
+    }
+
+    #[test]
+    fn no_user_frame_on_autograd_threads() {
+        let frames = vec![frame("c10::cuda::alloc", None), frame("torch::autograd::Engine::thread_main", None)];
+        assert!(first_user_frame(&frames).is_none());
+        assert!(is_inside_backward(&frames));
+    }
+
+    #[test]
+    fn capture_and_resolve_finds_this_function() {
+        #[inline(never)]
+        fn here() -> Stack {
+            Stack::capture(DEFAULT_MAX_FRAMES)
+        }
+        let stack = here();
+        assert!(!stack.ips().is_empty());
+        let frames = Symbolizer::new().resolve(&stack);
+        assert!(
+            frames.iter().any(|f| f.function.contains("capture_and_resolve_finds_this_function")),
+            "{frames:#?}"
+        );
+    }
+}

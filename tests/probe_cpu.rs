@@ -1,0 +1,142 @@
+//! The probes on the CPU: these run in CI.
+mod common;
+
+use gpu_leak_test::probe::{cuda, stacks, Symbolizer, Tracker};
+use gpu_leak_test::Error;
+use std::sync::{Arc, Barrier};
+use tch::{Device, Kind, Tensor};
+
+#[test]
+fn hook_sees_cpu_allocations_and_frees_with_exact_sizes() {
+    let tracker = Tracker::new();
+    let before = tracker.view(Device::Cpu);
+    {
+        let _hook = tracker.enter().unwrap();
+        let a = Tensor::zeros([1000], (Kind::Float, Device::Cpu));
+        assert_eq!(tracker.live_bytes(Device::Cpu) - before.live_bytes, 4_000);
+        let b = Tensor::zeros([10, 10], (Kind::Double, Device::Cpu));
+        assert_eq!(tracker.live_bytes(Device::Cpu) - before.live_bytes, 4_800);
+        drop(a);
+        assert_eq!(tracker.live_bytes(Device::Cpu) - before.live_bytes, 800);
+        drop(b);
+    }
+    let after = tracker.view(Device::Cpu);
+    assert_eq!(after.live_bytes, before.live_bytes);
+    assert_eq!(after.allocations - before.allocations, 2);
+    assert_eq!(after.frees - before.frees, 2);
+    assert_eq!(after.peak_bytes, 4_800);
+}
+
+#[test]
+fn allocations_on_a_thread_without_the_hook_are_not_counted() {
+    let tracker = Tracker::new();
+    let _hook = tracker.enter().unwrap();
+    let kept = std::thread::spawn(|| {
+        let t = Tensor::zeros([4096], (Kind::Float, Device::Cpu));
+        t.sum(Kind::Float).double_value(&[])
+    })
+    .join()
+    .unwrap();
+    assert_eq!(kept, 0.0);
+    assert_eq!(tracker.view(Device::Cpu).allocations, 0);
+    assert_eq!(tracker.live_bytes(Device::Cpu), 0);
+}
+
+#[test]
+fn two_threads_with_hooks_count_independently() {
+    let barrier = Arc::new(Barrier::new(2));
+    let run = |elements: i64, barrier: Arc<Barrier>| {
+        std::thread::spawn(move || {
+            let tracker = Tracker::new();
+            let _hook = tracker.enter().unwrap();
+            let mut kept = Vec::new();
+            for _ in 0..50 {
+                barrier.wait();
+                kept.push(Tensor::ones([elements], (Kind::Float, Device::Cpu)));
+            }
+            tracker.live_bytes(Device::Cpu)
+        })
+    };
+    let small = run(10, barrier.clone());
+    let large = run(1000, barrier);
+    assert_eq!(small.join().unwrap(), 50 * 40);
+    assert_eq!(large.join().unwrap(), 50 * 4000);
+}
+
+#[test]
+fn a_tracker_entered_on_a_helper_thread_counts_its_allocations() {
+    let tracker = Tracker::new();
+    let helper = tracker.clone();
+    let kept = std::thread::spawn(move || {
+        let _hook = helper.enter().unwrap();
+        Tensor::zeros([256], (Kind::Float, Device::Cpu))
+    })
+    .join()
+    .unwrap();
+    assert_eq!(tracker.live_bytes(Device::Cpu), 1024);
+    assert_eq!(tracker.allocations_on_other_threads(), 1);
+    drop(kept);
+}
+
+#[test]
+fn stack_capture_names_this_file_and_line() {
+    let tracker = Tracker::new();
+    let _hook = tracker.enter().unwrap();
+    tracker.start_recording(7);
+    let expected_line = line!() + 1;
+    let kept = Tensor::zeros([333], (Kind::Float, Device::Cpu));
+    let dropped = Tensor::zeros([5], (Kind::Float, Device::Cpu));
+    drop(dropped);
+    tracker.stop_recording();
+
+    let survivors = tracker.recorded_survivors();
+    assert_eq!(survivors.len(), 1, "only the kept tensor survives: {survivors:?}");
+    let survivor = &survivors[0];
+    assert_eq!((survivor.bytes, survivor.tag, survivor.on_owner_thread), (1332, 7, true));
+    let frames = Symbolizer::new().resolve(&survivor.stack);
+    let user = stacks::first_user_frame(&frames).unwrap_or_else(|| panic!("no user frame in {frames:#?}"));
+    let location = user.location().unwrap();
+    assert!(location.ends_with(&format!("tests/probe_cpu.rs:{expected_line}")), "{location}\n{frames:#?}");
+    assert!(user.function.contains("stack_capture_names_this_file_and_line"), "{}", user.function);
+    drop(kept);
+}
+
+#[test]
+fn backward_on_cpu_is_seen_and_recognised() {
+    let tracker = Tracker::new();
+    let _hook = tracker.enter().unwrap();
+    let w = Tensor::randn([64, 64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let x = Tensor::randn([8, 64], (Kind::Float, Device::Cpu));
+    let loss = x.matmul(&w).relu().sum(Kind::Float);
+    tracker.start_recording(1);
+    loss.backward();
+    tracker.stop_recording();
+    // The gradient of w outlives backward() and was allocated inside it.
+    let survivors = tracker.recorded_survivors();
+    let mut symbolizer = Symbolizer::new();
+    assert!(
+        survivors.iter().any(|s| s.bytes == 64 * 64 * 4 && stacks::is_inside_backward(&symbolizer.resolve(&s.stack))),
+        "{:#?}",
+        survivors.iter().map(|s| (s.bytes, symbolizer.resolve(&s.stack))).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn cuda_queries_without_cuda_return_the_error_not_a_panic() {
+    if cuda::is_available() {
+        eprintln!("skipped cuda_queries_without_cuda_return_the_error_not_a_panic: this machine has CUDA");
+        return;
+    }
+    assert_eq!(cuda::device_count(), 0);
+    let no_cuda = |e: Error| {
+        assert!(matches!(e, Error::NoCudaDevice { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("no CUDA device"), "{e}");
+    };
+    no_cuda(cuda::allocator_stats(0).unwrap_err());
+    no_cuda(cuda::driver_memory(0).unwrap_err());
+    no_cuda(cuda::synchronize(0).unwrap_err());
+    no_cuda(cuda::reset_peak_stats(0).unwrap_err());
+    no_cuda(cuda::empty_cache().unwrap_err());
+    no_cuda(cuda::clear_cublas_workspaces().unwrap_err());
+    no_cuda(cuda::check_device(3).unwrap_err());
+}
