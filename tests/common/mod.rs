@@ -13,6 +13,8 @@ pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
     if required {
         panic!("{test}: {reason} (GPU_LEAK_TEST_REQUIRE_CUDA is set, so this fails instead of skipping)");
     }
-    eprintln!("skipped {test}: no CUDA device; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead");
+    // Straight to the process's stderr: libtest's capture would hide it.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped {test}: no CUDA device; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead");
     None
 }

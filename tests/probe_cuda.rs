@@ -1,0 +1,113 @@
+//! The probes on a CUDA device. Without one each test prints why it skips;
+//! with GPU_LEAK_TEST_REQUIRE_CUDA=1 it fails instead.
+mod common;
+
+use common::cuda_device_or_skip;
+use gpu_leak_test::probe::{cuda, CublasWorkspaces, Tracker};
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+fn mlp(vs: &nn::Path) -> impl Module {
+    nn::seq()
+        .add(nn::linear(vs / "l1", 1024, 4096, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs / "l2", 4096, 4096, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs / "l3", 4096, 10, Default::default()))
+}
+
+#[test]
+fn hook_sum_over_a_training_step_equals_the_allocators_change() {
+    let Some(index) = cuda_device_or_skip("hook_sum_over_a_training_step_equals_the_allocators_change") else {
+        return;
+    };
+    let device = Device::Cuda(index);
+    let vs = nn::VarStore::new(device);
+    let model = mlp(&vs.root());
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([256, 1024], (Kind::Float, device));
+    let y = Tensor::randint(10, [256], (Kind::Int64, device));
+
+    let tracker = Tracker::new();
+    cuda::synchronize(index).unwrap();
+    let before = cuda::allocator_stats(index).unwrap().allocated_bytes.current;
+    {
+        let _hook = tracker.enter().unwrap();
+        // The first step allocates Adam's state, gradients and cuBLAS
+        // workspaces: everything that outlives the step is in both figures.
+        for _ in 0..2 {
+            let loss = model.forward(&x).cross_entropy_for_logits(&y);
+            opt.backward_step(&loss);
+        }
+    }
+    cuda::synchronize(index).unwrap();
+    let after = cuda::allocator_stats(index).unwrap().allocated_bytes.current;
+    let hook = tracker.view(device);
+    eprintln!(
+        "training step: allocator allocated {before} -> {after} (change {}), hook live {} over {} allocations, {} on other threads",
+        after as i64 - before as i64,
+        hook.live_bytes,
+        hook.allocations,
+        tracker.allocations_on_other_threads()
+    );
+    assert!(hook.allocations > 0);
+    assert_eq!(hook.live_bytes, after as i64 - before as i64);
+    // backward() runs on autograd's device thread; its allocations count.
+    assert!(tracker.allocations_on_other_threads() > 0, "no allocation came from an autograd thread");
+}
+
+#[test]
+fn driver_view_is_read() {
+    let Some(index) = cuda_device_or_skip("driver_view_is_read") else { return };
+    let driver = cuda::driver_memory(index).unwrap();
+    eprintln!("driver: {} free of {} bytes", driver.free_bytes, driver.total_bytes);
+    assert!(driver.total_bytes > 1 << 30);
+    assert!(driver.free_bytes <= driver.total_bytes);
+    assert!(driver.used_bytes() > 0, "the CUDA context alone uses memory");
+}
+
+#[test]
+fn clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul() {
+    let Some(index) = cuda_device_or_skip("clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul") else {
+        return;
+    };
+    let device = Device::Cuda(index);
+    let a = Tensor::randn([512, 512], (Kind::Float, device));
+    let product = a.matmul(&a);
+    drop(product);
+    cuda::synchronize(index).unwrap();
+    let with_workspaces = cuda::allocator_stats(index).unwrap().allocated_bytes.current;
+    assert_eq!(cuda::clear_cublas_workspaces().unwrap(), CublasWorkspaces::Cleared);
+    cuda::synchronize(index).unwrap();
+    let cleared = cuda::allocator_stats(index).unwrap().allocated_bytes.current;
+    eprintln!("allocated after matmul {with_workspaces} B, after clearing cuBLAS workspaces {cleared} B");
+    assert!(cleared < with_workspaces, "{cleared} >= {with_workspaces}");
+}
+
+#[test]
+fn empty_cache_and_peak_reset_touch_only_what_they_should() {
+    let Some(index) = cuda_device_or_skip("empty_cache_and_peak_reset_touch_only_what_they_should") else {
+        return;
+    };
+    let device = Device::Cuda(index);
+    let kept = Tensor::zeros([1 << 20], (Kind::Float, device));
+    drop(Tensor::zeros([16 << 20], (Kind::Float, device)));
+    cuda::synchronize(index).unwrap();
+    let before = cuda::allocator_stats(index).unwrap();
+    cuda::empty_cache().unwrap();
+    let emptied = cuda::allocator_stats(index).unwrap();
+    assert_eq!(emptied.allocated_bytes.current, before.allocated_bytes.current);
+    assert!(emptied.reserved_bytes.current < before.reserved_bytes.current);
+    cuda::reset_peak_stats(index).unwrap();
+    let reset = cuda::allocator_stats(index).unwrap();
+    assert_eq!(reset.allocated_bytes.current, emptied.allocated_bytes.current);
+    assert_eq!(reset.allocated_bytes.peak, reset.allocated_bytes.current);
+    drop(kept);
+}
+
+#[test]
+fn tch_sees_cuda_once_the_probe_loaded_it() {
+    let Some(_) = cuda_device_or_skip("tch_sees_cuda_once_the_probe_loaded_it") else { return };
+    assert!(tch::Cuda::is_available());
+    assert_eq!(tch::Cuda::device_count() as usize, cuda::device_count());
+}
