@@ -1,9 +1,45 @@
 //! gpu-leak-test: make GPU (and CPU) memory leaks in libtorch code fail
 //! `cargo test`, with a report that names the allocation site.
+//!
+//! ```ignore
+//! use gpu_leak_test::gpu_leak_test;
+//!
+//! #[gpu_leak_test(threshold_mb = 0.0)]
+//! fn training_step_keeps_nothing(device: tch::Device) -> impl FnMut() {
+//!     let vs = tch::nn::VarStore::new(device);
+//!     // ... build the model and optimizer once ...
+//!     move || { /* one training step */ }
+//! }
+//! ```
+//!
+//! The verdict comes from libtorch's per-thread allocation hook: every
+//! allocation and free the test's threads make, counted exactly, so the
+//! caching allocator, cuBLAS workspaces and lazy initialisation cannot fool
+//! it. The allocator's and the driver's views are shown beside it.
+pub mod attribution;
 pub mod config;
+pub mod device;
 pub mod error;
 mod ffi;
 pub mod probe;
+pub mod protocol;
+pub mod report;
+mod runtime;
+pub mod verdict;
 
+pub use config::{Overrides, Settings};
+pub use device::DeviceChoice;
 pub use error::{Error, Result};
+pub use gpu_leak_test_macros::gpu_leak_test;
+pub use protocol::LeakTest;
+pub use report::Report;
 pub use tch;
+pub use verdict::Verdict;
+
+/// What the `#[gpu_leak_test]` expansion calls. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::config::Overrides;
+    pub use crate::runtime::{run_body, run_fallible, run_setup, TestInfo};
+    pub use tch::Device;
+}

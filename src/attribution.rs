@@ -1,0 +1,180 @@
+//! Groups the allocations that survived the attribution iterations by the
+//! first frame of the user's code, so a report can say "this line keeps
+//! 512 B alive per iteration".
+use crate::probe::stacks::{self, Frame, Symbolizer};
+use crate::probe::LiveAllocation;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::Device;
+
+/// Survivors that share one allocation site.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Site {
+    /// `file:line` of the first frame in the user's code, relative to the
+    /// crate under test where possible; `None` when no frame is the user's.
+    pub location: Option<String>,
+    pub function: Option<String>,
+    /// One line saying what the site is, for sites with no user frame.
+    pub description: String,
+    pub allocations: usize,
+    pub bytes: u64,
+    pub bytes_per_iteration: f64,
+    /// The attribution iterations (1-based) the survivors were allocated in.
+    pub iterations: Vec<u32>,
+    /// Allocated inside `backward()`.
+    pub inside_backward: bool,
+    /// Allocated on another thread (an autograd device thread).
+    pub on_other_thread: bool,
+    /// A trimmed stack of one of its allocations, innermost first.
+    pub stack: Vec<Frame>,
+}
+
+impl Site {
+    /// Survivors from one iteration only, the last one: state that is
+    /// replaced every iteration rather than piling up.
+    pub fn only_last_iteration(&self, last: u32) -> bool {
+        self.iterations == [last]
+    }
+}
+
+/// What attribution found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attribution {
+    /// Number of attribution iterations run.
+    pub iterations: u32,
+    pub sites: Vec<Site>,
+}
+
+impl Attribution {
+    pub fn total_bytes(&self) -> u64 {
+        self.sites.iter().map(|s| s.bytes).sum()
+    }
+}
+
+/// Groups `survivors` on `device`, allocated with tags `1..=iterations`.
+/// `root` is the manifest folder of the crate under test, for short paths.
+pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, root: &Path) -> Attribution {
+    let mut symbolizer = Symbolizer::new();
+    let mut sites: BTreeMap<String, Site> = BTreeMap::new();
+    for survivor in survivors.iter().filter(|s| s.device == device) {
+        let frames = symbolizer.resolve(&survivor.stack);
+        let inside_backward = stacks::is_inside_backward(&frames);
+        let user = stacks::first_user_frame(&frames);
+        let location = user.and_then(|f| f.location()).map(|l| stacks::relative_to(&l, root));
+        let function = user.map(|f| f.function.clone());
+        let description = match (&location, inside_backward, survivor.on_owner_thread) {
+            (Some(location), _, _) => format!("{location} in {}", function.as_deref().unwrap_or("?")),
+            (None, true, _) | (None, _, false) => {
+                "allocated by an autograd thread during backward() (no frame of yours on its stack)".to_string()
+            }
+            (None, false, true) => "allocated in library code with no frame of yours on the stack".to_string(),
+        };
+        let key = format!("{description}|{inside_backward}");
+        let site = sites.entry(key).or_insert_with(|| Site {
+            location,
+            function,
+            description,
+            allocations: 0,
+            bytes: 0,
+            bytes_per_iteration: 0.0,
+            iterations: Vec::new(),
+            inside_backward,
+            on_other_thread: !survivor.on_owner_thread,
+            stack: trim_stack(&frames)
+                .into_iter()
+                .map(|mut f| {
+                    f.file = f.file.map(|file| stacks::relative_to(&file, root));
+                    f
+                })
+                .collect(),
+        });
+        site.allocations += 1;
+        site.bytes += survivor.bytes;
+        if !site.iterations.contains(&survivor.tag) {
+            site.iterations.push(survivor.tag);
+        }
+    }
+    let mut sites: Vec<Site> = sites.into_values().collect();
+    for site in &mut sites {
+        site.iterations.sort_unstable();
+        site.bytes_per_iteration = site.bytes as f64 / iterations.max(1) as f64;
+    }
+    // Sites that pile up over several iterations first, then by size.
+    sites.sort_by(|a, b| {
+        let recurring = |s: &Site| s.iterations.len() >= 2;
+        recurring(b).cmp(&recurring(a)).then(b.bytes.cmp(&a.bytes)).then(a.description.cmp(&b.description))
+    });
+    Attribution { iterations, sites }
+}
+
+/// Frames of the hook itself: never interesting to a reader.
+fn is_hook_frame(frame: &Frame) -> bool {
+    let f = frame.function.as_str();
+    f.starts_with("gpu_leak_test::probe")
+        || f.starts_with("backtrace::")
+        || f.starts_with("trace")
+        || f.contains("catch_unwind")
+        || f.contains("do_call")
+        || f.contains("__rust_try")
+        || f.contains("AssertUnwindSafe")
+        || f.starts_with("core::ops::function")
+        || f.contains("RustHook")
+        || f.contains("reportMemoryUsage")
+}
+
+/// Keeps a stack readable: drops the hook's own frames, folds long runs of
+/// libtorch internals, and ends after the user's frames reach the harness.
+pub fn trim_stack(frames: &[Frame]) -> Vec<Frame> {
+    const KEEP_LIBRARY_RUN: usize = 3;
+    let start = frames.iter().position(|f| !is_hook_frame(f)).unwrap_or(0);
+    let mut out = Vec::new();
+    let mut seen_user = false;
+    let mut folded = 0usize;
+    let mut run = 0usize;
+    for frame in &frames[start..] {
+        let library = stacks::is_library_frame(frame);
+        if seen_user && frame.function.starts_with("gpu_leak_test::") {
+            break;
+        }
+        if library {
+            run += 1;
+            if run > KEEP_LIBRARY_RUN {
+                folded += 1;
+                continue;
+            }
+        } else {
+            seen_user = true;
+            run = 0;
+        }
+        if folded > 0 {
+            out.push(Frame { function: format!("… {folded} library frames …"), file: None, line: None });
+            folded = 0;
+        }
+        out.push(frame.clone());
+    }
+    if folded > 0 {
+        out.push(Frame { function: format!("… {folded} library frames …"), file: None, line: None });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, file: Option<&str>) -> Frame {
+        Frame { function: function.into(), file: file.map(Into::into), line: Some(1) }
+    }
+
+    #[test]
+    fn trimming_folds_library_runs_and_stops_at_the_harness() {
+        let mut frames = vec![frame("gpu_leak_test::probe::hook::on_event", Some("/x/src/probe/hook.rs"))];
+        frames.extend((0..10).map(|i| frame(&format!("at::op{i}"), None)));
+        frames.push(frame("user::leaky::{{closure}}", Some("/w/tests/t.rs")));
+        frames.push(frame("gpu_leak_test::protocol::run", Some("/x/src/protocol.rs")));
+        frames.push(frame("std::rt::lang_start", Some("/rustc/1/library/std/src/rt.rs")));
+        let trimmed = trim_stack(&frames);
+        let names: Vec<&str> = trimmed.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(names, ["at::op0", "at::op1", "at::op2", "… 7 library frames …", "user::leaky::{{closure}}"]);
+    }
+}

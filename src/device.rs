@@ -1,0 +1,105 @@
+//! Which device a leak test measures, and the per-device lock that keeps leak
+//! tests in one process from measuring each other.
+use crate::error::{Error, Result};
+use crate::probe::cuda;
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use tch::Device;
+
+/// The `device` setting before it is resolved against the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The first CUDA device if there is one, else the CPU. With
+    /// GPU_LEAK_TEST_REQUIRE_CUDA=1 a machine without CUDA is an error.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.trim() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("{other:?} is not a device; use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")),
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl From<Device> for DeviceChoice {
+    fn from(device: Device) -> Self {
+        match device {
+            Device::Cuda(i) => DeviceChoice::Cuda(i),
+            _ => DeviceChoice::Cpu,
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// The device to measure on this machine. `require_cuda` turns "auto on a
+    /// machine without CUDA" into an error.
+    pub fn resolve(self, require_cuda: bool) -> Result<Device> {
+        match self {
+            DeviceChoice::Cpu => Ok(Device::Cpu),
+            DeviceChoice::Cuda(index) => cuda::check_device(index).map(|_| Device::Cuda(index)),
+            DeviceChoice::Auto if cuda::is_available() => Ok(Device::Cuda(0)),
+            DeviceChoice::Auto if require_cuda => cuda::check_device(0).map(|_| Device::Cuda(0)),
+            DeviceChoice::Auto => Ok(Device::Cpu),
+        }
+    }
+}
+
+/// True for the errors that mean "this machine has no such CUDA device",
+/// which skip a test unless CUDA is required.
+pub fn is_missing_device(error: &Error) -> bool {
+    matches!(error, Error::NoCudaDevice { .. } | Error::NoSuchCudaDevice { .. })
+}
+
+/// Serialises leak tests per device within the process: the allocator and
+/// driver views are per device, and a second test would move them.
+pub fn lock_device(device: Device) -> MutexGuard<'static, ()> {
+    static LOCKS: OnceLock<Mutex<HashMap<String, &'static Mutex<()>>>> = OnceLock::new();
+    let lock: &'static Mutex<()> = {
+        let mut locks = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(format!("{device:?}")).or_insert_with(|| Box::leak(Box::new(Mutex::new(()))))
+    };
+    // A test that panicked while holding the lock has released it by
+    // unwinding; its poison says nothing about the next test.
+    lock.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsing() {
+        assert_eq!("auto".parse(), Ok(DeviceChoice::Auto));
+        assert_eq!("cpu".parse(), Ok(DeviceChoice::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceChoice::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(DeviceChoice::Cuda(3)));
+        let err = "gpu".parse::<DeviceChoice>().unwrap_err();
+        assert!(err.contains("\"gpu\"") && err.contains("cuda:N"), "{err}");
+        assert!("cuda:x".parse::<DeviceChoice>().is_err());
+    }
+}

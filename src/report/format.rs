@@ -1,0 +1,51 @@
+//! Number formatting for people: thousands separators and binary units.
+
+/// `1234567` → `"1,234,567"`.
+pub fn thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `512` → `"512 B"`, `2_621_440` → `"2.50 MiB (2,621,440 B)"`.
+pub fn bytes(value: u64) -> String {
+    const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
+    for (unit, size) in UNITS {
+        if value as f64 >= size {
+            return format!("{:.2} {unit} ({} B)", value as f64 / size, thousands(value));
+        }
+    }
+    format!("{} B", thousands(value))
+}
+
+/// Like [`bytes`] with a sign: `"+512 B"`, `"-1.00 KiB (1,024 B)"`, `"0 B"`.
+pub fn signed_bytes(value: i64) -> String {
+    match value {
+        0 => "0 B".into(),
+        v if v > 0 => format!("+{}", bytes(v as u64)),
+        v => format!("-{}", bytes(v.unsigned_abs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formatting() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(404490240), "404,490,240");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(2_621_440), "2.50 MiB (2,621,440 B)");
+        assert_eq!(signed_bytes(-1024), "-1.00 KiB (1,024 B)");
+        assert_eq!(signed_bytes(512), "+512 B");
+    }
+}

@@ -1,0 +1,109 @@
+//! The report of one leak test: what was measured, the verdict, and where
+//! retained memory was allocated. Its `Display` is the panic message.
+mod format;
+mod text;
+
+pub use format::{bytes, signed_bytes, thousands};
+
+use crate::attribution::Attribution;
+use crate::probe::{HookView, Snapshot};
+use crate::verdict::{Phase, Verdict};
+use std::time::Duration;
+use tch::Device;
+
+/// The settings a run used, after attribute, environment and defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSettings {
+    pub warmup: u32,
+    pub iterations: u32,
+    pub threshold_bytes: u64,
+    pub peak_budget_bytes: Option<u64>,
+    pub attribution_iterations: u32,
+}
+
+/// One sample, taken after an iteration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub phase: Phase,
+    /// 1-based within its phase.
+    pub iteration: u32,
+    /// Exact live bytes from the hook on the measured device.
+    pub live_bytes: i64,
+    pub allocated_bytes: Option<u64>,
+    pub reserved_bytes: Option<u64>,
+    pub driver_used_bytes: Option<u64>,
+}
+
+impl Sample {
+    pub fn from_snapshot(phase: Phase, iteration: u32, snapshot: &Snapshot) -> Sample {
+        Sample {
+            phase,
+            iteration,
+            live_bytes: snapshot.hook.live_bytes,
+            allocated_bytes: snapshot.allocator.map(|a| a.allocated_bytes.current),
+            reserved_bytes: snapshot.allocator.map(|a| a.reserved_bytes.current),
+            driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
+        }
+    }
+}
+
+/// Everything one leak test measured and concluded.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The test's name (as the test harness names it).
+    pub test: String,
+    /// `file:line` of the test function, relative to its crate.
+    pub location: Option<String>,
+    pub device: Device,
+    pub settings: RunSettings,
+    pub verdict: Verdict,
+    /// Live bytes after setup, relative to before it (the setup form).
+    pub setup_bytes: i64,
+    /// What the warm-up iterations kept (one-time state: optimizer moments,
+    /// workspaces, caches).
+    pub warmup_retained_bytes: i64,
+    /// Highest live bytes since the harness started (setup included).
+    pub peak_bytes: i64,
+    /// One sample after setup and after every iteration.
+    pub samples: Vec<Sample>,
+    /// All views right before the first measured iteration.
+    pub before: Option<Snapshot>,
+    /// All views after the last measured iteration.
+    pub after: Option<Snapshot>,
+    /// Present when the verdict failed on retained memory.
+    pub attribution: Option<Attribution>,
+    /// Allocations the test made on devices other than the measured one.
+    pub other_devices: Vec<(Device, HookView)>,
+    /// Allocator events per measured iteration on the measured device.
+    pub events_per_iteration: f64,
+    /// Advice for known patterns.
+    pub hints: Vec<String>,
+    pub elapsed: Duration,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        !self.verdict.is_failure()
+    }
+
+    /// Panics with the report as the message when the verdict failed.
+    #[track_caller]
+    pub fn assert_passed(&self) {
+        if !self.passed() {
+            panic!("{self}");
+        }
+    }
+
+    /// Retained growth over the measured iterations (after minus before).
+    pub fn retained_growth_bytes(&self) -> i64 {
+        match (&self.before, &self.after) {
+            (Some(before), Some(after)) => after.hook.live_bytes - before.hook.live_bytes,
+            _ => 0,
+        }
+    }
+
+    /// The biggest allocation site, if attribution ran and found survivors.
+    pub fn top_site(&self) -> Option<&crate::attribution::Site> {
+        self.attribution.as_ref().and_then(|a| a.sites.first())
+    }
+}

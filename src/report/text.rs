@@ -1,0 +1,296 @@
+//! The human-readable report: the panic message of a failing leak test.
+use super::format::{bytes, signed_bytes, thousands};
+use super::{Report, Sample};
+use crate::probe::Snapshot;
+use crate::verdict::{Phase, RetainedDuring, Verdict};
+use std::fmt::{self, Write as _};
+
+fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".into(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// `[1, 2, 3, 5]` → `"1-3, 5"`.
+pub(crate) fn ranges(values: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < values.len() {
+        let start = values[i];
+        let mut end = start;
+        while i + 1 < values.len() && values[i + 1] == end + 1 {
+            i += 1;
+            end = values[i];
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        if end == start {
+            let _ = write!(out, "{start}");
+        } else {
+            let _ = write!(out, "{start}-{end}");
+        }
+        i += 1;
+    }
+    out
+}
+
+fn headline(report: &Report) -> String {
+    let what = match &report.verdict {
+        Verdict::Clean => "clean".to_string(),
+        Verdict::OneTimeRetention { .. } => "passed with one-time retention".to_string(),
+        Verdict::Leak(_) => "LEAK".to_string(),
+        Verdict::PeakOverBudget { .. } => "PEAK OVER BUDGET".to_string(),
+        Verdict::Panicked { .. } => "PANICKED".to_string(),
+        Verdict::OutOfMemory { .. } => "OUT OF MEMORY".to_string(),
+        Verdict::BodyError { .. } => "ERROR".to_string(),
+    };
+    let location = report.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
+    format!("gpu-leak-test: {what} in `{}`{location} on {}", report.test, device_name(report.device))
+}
+
+fn verdict_lines(report: &Report, out: &mut String) {
+    let s = &report.settings;
+    match &report.verdict {
+        Verdict::Clean => {
+            let _ = writeln!(
+                out,
+                "  Nothing retained over {} measured iterations (threshold {}).",
+                s.iterations,
+                bytes(s.threshold_bytes)
+            );
+        }
+        Verdict::OneTimeRetention { bytes: kept, during } => {
+            let when = match during {
+                RetainedDuring::WarmUp => "during warm-up".to_string(),
+                RetainedDuring::Iteration(i) => format!("once, in measured iteration {i}, then stayed flat"),
+            };
+            let _ = writeln!(out, "  Retained {} {when}: one-time state, reported, not failed.", bytes(*kept as u64));
+        }
+        Verdict::Leak(leak) => {
+            let _ = writeln!(
+                out,
+                "  {} retained over {} measured iterations: {} per iteration (threshold {}).",
+                bytes(leak.retained_bytes.max(0) as u64),
+                leak.iterations,
+                bytes(leak.bytes_per_iteration.round() as u64),
+                bytes(s.threshold_bytes)
+            );
+            let _ = writeln!(
+                out,
+                "  Live bytes reached a new high after measured iteration{} {}.",
+                if leak.growing_iterations.len() == 1 { "" } else { "s" },
+                ranges(&leak.growing_iterations)
+            );
+        }
+        Verdict::PeakOverBudget { peak_bytes, budget_bytes } => {
+            let _ = writeln!(
+                out,
+                "  Live bytes peaked at {}, over the peak_mb budget of {} by {}.",
+                bytes(*peak_bytes as u64),
+                bytes(*budget_bytes),
+                bytes((*peak_bytes as u64).saturating_sub(*budget_bytes))
+            );
+        }
+        Verdict::Panicked { phase, iteration, message }
+        | Verdict::OutOfMemory { phase, iteration, message }
+        | Verdict::BodyError { phase, iteration, message } => {
+            let at = if *phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
+            let what = match &report.verdict {
+                Verdict::Panicked { .. } => "The test body panicked",
+                Verdict::OutOfMemory { .. } => "The device ran out of memory",
+                _ => "The test body returned an error",
+            };
+            let _ = writeln!(out, "  {what} {at}:");
+            for line in message.lines() {
+                let _ = writeln!(out, "    | {line}");
+            }
+        }
+    }
+}
+
+fn attribution_lines(report: &Report, out: &mut String) {
+    let Some(attribution) = &report.attribution else { return };
+    let last = attribution.iterations;
+    let _ = writeln!(
+        out,
+        "\n  Where it was allocated: what survived {} more iteration{} run with stack capture, by the first frame in your code:",
+        attribution.iterations,
+        if attribution.iterations == 1 { "" } else { "s" }
+    );
+    if attribution.sites.is_empty() {
+        let _ = writeln!(
+            out,
+            "    nothing allocated during those iterations survived them on {}; the retained memory was \
+             allocated on a thread without the hook or frees happened elsewhere",
+            device_name(report.device)
+        );
+        return;
+    }
+    let _ = writeln!(out, "    {:>22}  {:>6}  {:>16}  {:<10}  site", "bytes", "allocs", "per iteration", "iterations");
+    for site in attribution.sites.iter().take(8) {
+        let note = if site.only_last_iteration(last) { "  (last iteration only: replaced each time, not piling up)" } else { "" };
+        let _ = writeln!(
+            out,
+            "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
+            bytes(site.bytes),
+            thousands(site.allocations as u64),
+            bytes(site.bytes_per_iteration.round() as u64),
+            ranges(&site.iterations),
+            site.description,
+        );
+    }
+    if attribution.sites.len() > 8 {
+        let _ = writeln!(out, "    … and {} smaller sites", attribution.sites.len() - 8);
+    }
+    if let Some(top) = attribution.sites.first() {
+        let _ = writeln!(out, "\n  Stack of the biggest site (innermost first):");
+        for frame in &top.stack {
+            match frame.location() {
+                Some(location) => {
+                    let _ = writeln!(out, "    {}  at {location}", frame.function);
+                }
+                None => {
+                    let _ = writeln!(out, "    {}", frame.function);
+                }
+            }
+        }
+    }
+}
+
+fn views_table(report: &Report, out: &mut String) {
+    let (Some(before), Some(after)) = (&report.before, &report.after) else { return };
+    let _ = writeln!(
+        out,
+        "\n  Memory on {} (before = after warm-up, after = after the measured iterations):",
+        device_name(report.device)
+    );
+    let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", "", "before", "after", "change");
+    let row = |out: &mut String, name: &str, b: Option<i64>, a: Option<i64>| {
+        if let (Some(b), Some(a)) = (b, a) {
+            let _ = writeln!(
+                out,
+                "    {:<34} {:>26} {:>26} {:>26}",
+                name,
+                signed_or_plain(b),
+                signed_or_plain(a),
+                signed_bytes(a - b)
+            );
+        }
+    };
+    row(out, "tensors alive (hook, exact)", Some(before.hook.live_bytes), Some(after.hook.live_bytes));
+    let allocated = |s: &Snapshot| s.allocator.map(|a| a.allocated_bytes.current as i64);
+    let reserved = |s: &Snapshot| s.allocator.map(|a| a.reserved_bytes.current as i64);
+    let driver = |s: &Snapshot| s.driver.map(|d| d.used_bytes() as i64);
+    row(out, "allocator allocated (whole process)", allocated(before), allocated(after));
+    row(out, "allocator reserved (cached too)", reserved(before), reserved(after));
+    row(out, "driver used (all processes)", driver(before), driver(after));
+    if before.allocator.is_none() {
+        let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
+    }
+}
+
+fn signed_or_plain(value: i64) -> String {
+    if value < 0 {
+        signed_bytes(value)
+    } else {
+        bytes(value as u64)
+    }
+}
+
+fn series_line(samples: &[Sample], out: &mut String) {
+    if samples.is_empty() {
+        return;
+    }
+    let mut line = String::from("\n  Live bytes after each iteration (hook, change from the one before):");
+    let mut previous: Option<i64> = None;
+    let mut phase: Option<Phase> = None;
+    for sample in samples {
+        if phase != Some(sample.phase) {
+            let _ = write!(line, "\n    {:<13}", format!("{}:", sample.phase));
+            phase = Some(sample.phase);
+        }
+        match previous {
+            None => {
+                let _ = write!(line, " {}", signed_bytes(sample.live_bytes));
+            }
+            Some(p) => {
+                let delta = sample.live_bytes - p;
+                let _ = write!(line, " {}", if delta == 0 { "0".to_string() } else { compact(delta) });
+            }
+        }
+        previous = Some(sample.live_bytes);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+/// A signed byte count without the exact figure, for dense rows.
+fn compact(value: i64) -> String {
+    let sign = if value < 0 { "-" } else { "+" };
+    let v = value.unsigned_abs();
+    match v {
+        v if v >= 1 << 30 => format!("{sign}{:.1}GiB", v as f64 / (1u64 << 30) as f64),
+        v if v >= 1 << 20 => format!("{sign}{:.1}MiB", v as f64 / (1u64 << 20) as f64),
+        v if v >= 1 << 10 => format!("{sign}{:.1}KiB", v as f64 / 1024.0),
+        v => format!("{sign}{v}B"),
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        let _ = writeln!(out, "{}", headline(self));
+        verdict_lines(self, &mut out);
+        attribution_lines(self, &mut out);
+        views_table(self, &mut out);
+        series_line(&self.samples, &mut out);
+        if self.setup_bytes != 0 || self.warmup_retained_bytes != 0 {
+            let _ = writeln!(
+                out,
+                "  Setup holds {}; warm-up kept {} (one-time state, not counted). Peak live: {}.",
+                signed_bytes(self.setup_bytes),
+                signed_bytes(self.warmup_retained_bytes),
+                bytes(self.peak_bytes.max(0) as u64)
+            );
+        }
+        for (device, view) in &self.other_devices {
+            let _ = writeln!(
+                out,
+                "  Also on {}: {} live from {} allocations (not measured by this test).",
+                device_name(*device),
+                signed_bytes(view.live_bytes),
+                thousands(view.allocations)
+            );
+        }
+        for hint in &self.hints {
+            let _ = writeln!(out, "\n  Hint: {hint}");
+        }
+        let s = &self.settings;
+        let _ = writeln!(
+            out,
+            "\n  Ran {} warm-up + {} measured iterations, threshold {}{}, in {:.2?}. Change them with the \
+             attribute or GPU_LEAK_TEST_WARMUP / _ITERATIONS / _THRESHOLD_MB.",
+            s.warmup,
+            s.iterations,
+            bytes(s.threshold_bytes),
+            s.peak_budget_bytes.map(|p| format!(", peak budget {}", bytes(p))).unwrap_or_default(),
+            self.elapsed
+        );
+        f.write_str(out.trim_end())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iteration_ranges() {
+        assert_eq!(ranges(&[1, 2, 3, 5, 7, 8]), "1-3, 5, 7-8");
+        assert_eq!(ranges(&[4]), "4");
+        assert_eq!(ranges(&[]), "");
+    }
+}

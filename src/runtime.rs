@@ -1,0 +1,144 @@
+//! What `#[gpu_leak_test]` expands into: resolve settings and device, skip
+//! or fail where the device is missing, run the protocol, and panic with the
+//! report when the verdict fails. Reached through `__private`.
+use crate::config::{self, Overrides};
+use crate::device;
+use crate::protocol::LeakTest;
+use crate::report::Report;
+use crate::verdict::Verdict;
+use crate::Error;
+use std::io::Write;
+use tch::Device;
+
+/// Where the test is, filled in by the macro.
+#[derive(Debug, Clone, Copy)]
+pub struct TestInfo {
+    pub name: &'static str,
+    pub module: &'static str,
+    pub file: &'static str,
+    pub line: u32,
+    pub manifest_dir: &'static str,
+}
+
+impl TestInfo {
+    /// The name the test harness shows: libtest names each test's thread
+    /// after the test (rstest cases included); otherwise the module path.
+    fn display_name(&self) -> String {
+        match std::thread::current().name() {
+            Some(thread) if thread.contains(self.name) => thread.to_string(),
+            _ => {
+                let module = self.module.split_once("::").map(|(_, rest)| rest).unwrap_or("");
+                if module.is_empty() {
+                    self.name.to_string()
+                } else {
+                    format!("{module}::{}", self.name)
+                }
+            }
+        }
+    }
+
+    fn leak_test(&self, overrides: Overrides) -> LeakTest {
+        LeakTest::with_overrides(self.display_name(), overrides)
+            .location(format!("{}:{}", self.file, self.line), self.manifest_dir)
+    }
+}
+
+/// Writes past libtest's output capture, so a skip is seen in a normal run.
+fn notice(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Decides what a setup error means: a skip (returns `None`) or a failure.
+fn resolve_or_skip(test: &LeakTest) -> Option<(config::Settings, Device)> {
+    match test.resolve() {
+        Ok(resolved) => Some(resolved),
+        Err(error) if device::is_missing_device(&error) => {
+            let required = config::cuda_required().unwrap_or_else(|e| panic!("{}: {e}", test.name()));
+            if required {
+                panic!(
+                    "{}: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a missing CUDA device fails the test instead of skipping it)",
+                    test.name()
+                );
+            }
+            let what = match &error {
+                Error::NoSuchCudaDevice { index, count } => {
+                    format!("no CUDA device cuda:{index} (this machine has {count})")
+                }
+                _ => "no CUDA device".to_string(),
+            };
+            notice(&format!("skipped {}: {what}; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead", test.name()));
+            None
+        }
+        Err(error) => panic!("{}: {error}", test.name()),
+    }
+}
+
+fn conclude(report: Report) {
+    if !report.passed() {
+        panic!("{report}");
+    }
+    // Passing tests say one line (shown with --nocapture or on failure).
+    let note = match &report.verdict {
+        Verdict::OneTimeRetention { bytes, .. } => {
+            format!(" (one-time retention of {}, not a leak)", crate::report::bytes(*bytes as u64))
+        }
+        _ => String::new(),
+    };
+    println!(
+        "gpu-leak-test: {} clean on {:?} over {} measured iterations{note}",
+        report.test, report.device, report.settings.iterations
+    );
+}
+
+/// The per-iteration form: `body` runs once per iteration.
+pub fn run_body(info: TestInfo, overrides: Overrides, mut body: impl FnMut(Device)) {
+    let test = info.leak_test(overrides);
+    let Some((settings, device)) = resolve_or_skip(&test) else { return };
+    conclude(test.execute(&settings, device, |device| {
+        Ok(move || {
+            body(device);
+            Ok(())
+        })
+    }));
+}
+
+/// The setup form: `setup` runs once and returns the iteration.
+pub fn run_setup<I: FnMut()>(info: TestInfo, overrides: Overrides, setup: impl FnOnce(Device) -> I) {
+    let test = info.leak_test(overrides);
+    let Some((settings, device)) = resolve_or_skip(&test) else { return };
+    conclude(test.execute(&settings, device, |device| {
+        let mut iteration = setup(device);
+        Ok(move || {
+            iteration();
+            Ok(())
+        })
+    }));
+}
+
+/// The per-iteration form for tests returning `Result`: the first `Err`
+/// ends the test and is returned, after the report is printed.
+pub fn run_fallible<E: std::fmt::Debug>(
+    info: TestInfo,
+    overrides: Overrides,
+    mut body: impl FnMut(Device) -> Result<(), E>,
+) -> Result<(), E> {
+    let test = info.leak_test(overrides);
+    let Some((settings, device)) = resolve_or_skip(&test) else { return Ok(()) };
+    let mut first_error = None;
+    let first_error_slot = &mut first_error;
+    let report = test.execute(&settings, device, |device| {
+        Ok(move || {
+            body(device).map_err(|e| {
+                let message = format!("{e:?}");
+                *first_error_slot = Some(e);
+                message
+            })
+        })
+    });
+    if let (Verdict::BodyError { .. }, Some(error)) = (&report.verdict, first_error) {
+        notice(&report.to_string());
+        return Err(error);
+    }
+    conclude(report);
+    Ok(())
+}
