@@ -1,0 +1,206 @@
+//! The detector through the builder API. Every scenario runs on the CPU (in
+//! CI) and again on CUDA where a GPU is present.
+mod common;
+
+use gpu_leak_test::verdict::{Phase, RetainedDuring};
+use gpu_leak_test::{LeakTest, Verdict};
+use tch::{Device, Kind, Tensor};
+
+fn leak_test(name: &str, device: &str) -> LeakTest {
+    LeakTest::new(name).device(device).location(format!("{}:{}", file!(), line!()), env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What the hook reports for an allocation of `bytes`: exact on the CPU,
+/// rounded up to the caching allocator's 512-byte blocks on CUDA.
+fn allocated_size(device: &str, bytes: u64) -> u64 {
+    if device.starts_with("cuda") {
+        bytes.div_ceil(512) * 512
+    } else {
+        bytes
+    }
+}
+
+fn kept_tensor_is_a_leak_named_at_its_line(device: &str) {
+    let mut kept = Vec::new();
+    let mut leak_line = 0;
+    let report = leak_test("kept_tensor", device)
+        .run(|device| {
+            leak_line = line!() + 1;
+            kept.push(Tensor::zeros([1000], (Kind::Float, device)));
+        })
+        .unwrap();
+    println!("{report}");
+    let per_iteration = allocated_size(device, 4000);
+    let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
+    assert_eq!(leak.bytes_per_iteration, per_iteration as f64);
+    assert_eq!(leak.retained_bytes, 5 * per_iteration as i64);
+    let site = report.top_site().unwrap();
+    let location = format!("tests/detector.rs:{leak_line}");
+    assert_eq!(site.location.as_deref(), Some(location.as_str()), "{report}");
+    assert_eq!((site.allocations, site.bytes, site.iterations.clone()), (3, 3 * per_iteration, vec![1, 2, 3]));
+    let text = report.to_string();
+    assert!(text.contains(&location), "{text}");
+    assert!(text.contains(&format!("({} B) per iteration", gpu_leak_test::report::thousands(per_iteration))), "{text}");
+}
+
+fn clean_twin_passes(device: &str) {
+    let report = leak_test("clean_twin", device)
+        .run(|device| {
+            let t = Tensor::zeros([1000], (Kind::Float, device));
+            let _ = t.sum(Kind::Float).double_value(&[]);
+        })
+        .unwrap();
+    assert_eq!(report.verdict, Verdict::Clean, "{report}");
+    assert!(report.attribution.is_none(), "passing tests pay no attribution");
+}
+
+fn leak_every_third_iteration_is_caught(device: &str) {
+    let mut kept = Vec::new();
+    let mut calls = 0;
+    let report = leak_test("every_third", device)
+        .run(|device| {
+            calls += 1;
+            if calls % 3 == 0 {
+                kept.push(Tensor::zeros([64], (Kind::Float, device)));
+            }
+        })
+        .unwrap();
+    let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
+    assert!(leak.growing_iterations.len() >= 2, "{report}");
+}
+
+fn one_time_retention_passes_and_is_reported(device: &str) {
+    let mut cache: Option<Tensor> = None;
+    let report = leak_test("one_time", device)
+        .run(|device| {
+            cache.get_or_insert_with(|| Tensor::zeros([4096], (Kind::Float, device)));
+        })
+        .unwrap();
+    assert!(report.passed());
+    let Verdict::OneTimeRetention { bytes, during: RetainedDuring::WarmUp } = report.verdict else {
+        panic!("expected one-time retention in warm-up:\n{report}")
+    };
+    assert_eq!(bytes, 16384);
+
+    // Without warm-up the cache fills in the first measured iteration; the
+    // confirmation iterations show it stays flat.
+    let mut cache: Option<Tensor> = None;
+    let report = leak_test("one_time_no_warmup", device)
+        .warmup(0)
+        .run(|device| {
+            cache.get_or_insert_with(|| Tensor::zeros([4096], (Kind::Float, device)));
+        })
+        .unwrap();
+    assert_eq!(report.verdict, Verdict::OneTimeRetention { bytes: 16384, during: RetainedDuring::Iteration(1) }, "{report}");
+}
+
+fn panic_is_reported_with_phase_and_iteration(device: &str) {
+    let mut calls = 0;
+    let report = leak_test("panics", device)
+        .run(|_| {
+            calls += 1;
+            if calls == 4 {
+                panic!("boom in the body");
+            }
+        })
+        .unwrap();
+    assert_eq!(report.verdict, Verdict::Panicked { phase: Phase::Measure, iteration: 2, message: "boom in the body".into() });
+    assert!(report.to_string().contains("in measured iteration 2"), "{report}");
+    // The device lock was released: the next test on this device runs.
+    let next = leak_test("after_panic", device).run(|_| {}).unwrap();
+    assert_eq!(next.verdict, Verdict::Clean);
+}
+
+fn out_of_memory_is_a_failure_with_views(device: &str) {
+    let report = leak_test("out_of_memory", device)
+        .run(|device| {
+            // 2^46 floats: 256 TiB, more than any machine has.
+            let _ = Tensor::zeros([1 << 46], (Kind::Float, device));
+        })
+        .unwrap();
+    let Verdict::OutOfMemory { phase, iteration, message } = &report.verdict else {
+        panic!("expected out of memory:\n{report}")
+    };
+    assert_eq!((*phase, *iteration), (Phase::WarmUp, 1));
+    assert!(message.to_lowercase().contains("memory"), "{message}");
+    assert!(report.to_string().contains("OUT OF MEMORY"), "{report}");
+    assert!(report.after.is_some(), "the views at the failure are in the report");
+}
+
+fn training_loop_that_keeps_losses_leaks(device: &str) {
+    let loss_line = std::cell::Cell::new(0);
+    let loss_line_ref = &loss_line;
+    let report = leak_test("keeps_losses", device)
+        .run_with_setup(|device| {
+            let w = Tensor::randn([32, 32], (Kind::Float, device)).set_requires_grad(true);
+            let mut losses = Vec::new();
+            move || {
+                let x = Tensor::randn([8, 32], (Kind::Float, device));
+                loss_line_ref.set(line!() + 1);
+                let loss = x.matmul(&w).sum(Kind::Float);
+                loss.backward();
+                losses.push(loss);
+            }
+        })
+        .unwrap();
+    println!("{report}");
+    let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
+    // backward() freed the graph: only the scalar loss itself stays.
+    assert_eq!(leak.bytes_per_iteration, allocated_size(device, 4) as f64, "{report}");
+    let location = format!("tests/detector.rs:{}", loss_line.get());
+    assert_eq!(report.top_site().unwrap().location.as_deref(), Some(location.as_str()), "{report}");
+}
+
+fn training_loop_that_keeps_plain_numbers_is_clean(device: &str) {
+    let report = leak_test("keeps_numbers", device)
+        .run_with_setup(|device| {
+            let w = Tensor::randn([32, 32], (Kind::Float, device)).set_requires_grad(true);
+            let mut losses = Vec::new();
+            move || {
+                let x = Tensor::randn([8, 32], (Kind::Float, device));
+                let loss = x.matmul(&w).sum(Kind::Float);
+                loss.backward();
+                let _ = w.grad().zero_();
+                losses.push(loss.double_value(&[]));
+            }
+        })
+        .unwrap();
+    // The gradient is allocated once, in warm-up.
+    assert!(report.passed(), "{report}");
+    assert!(matches!(report.verdict, Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. }), "{report}");
+}
+
+macro_rules! on_each_device {
+    ($($scenario:ident),* $(,)?) => {
+        mod cpu {
+            $( #[test] fn $scenario() { super::$scenario("cpu") } )*
+        }
+        mod cuda {
+            $(
+                #[test]
+                fn $scenario() {
+                    if super::common::cuda_device_or_skip(concat!("cuda::", stringify!($scenario))).is_some() {
+                        super::$scenario("cuda")
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_each_device!(
+    kept_tensor_is_a_leak_named_at_its_line,
+    clean_twin_passes,
+    leak_every_third_iteration_is_caught,
+    one_time_retention_passes_and_is_reported,
+    panic_is_reported_with_phase_and_iteration,
+    out_of_memory_is_a_failure_with_views,
+    training_loop_that_keeps_losses_leaks,
+    training_loop_that_keeps_plain_numbers_is_clean,
+);
+
+#[test]
+fn device_cpu_is_the_cpu_even_where_cuda_exists() {
+    let report = leak_test("cpu_pinned", "cpu").run(|_| {}).unwrap();
+    assert_eq!(report.device, Device::Cpu);
+}

@@ -1,0 +1,57 @@
+//! Environment variables at run time. One test in its own binary, since the
+//! environment is shared by every thread of a process.
+use gpu_leak_test::__private::{run_body, Overrides, TestInfo};
+use std::panic::catch_unwind;
+use tch::{Kind, Tensor};
+
+const INFO: TestInfo = TestInfo {
+    name: "env_case",
+    module: module_path!(),
+    file: file!(),
+    line: line!(),
+    manifest_dir: env!("CARGO_MANIFEST_DIR"),
+};
+
+fn cpu() -> Overrides {
+    Overrides { device: Some("cpu".into()), ..Default::default() }
+}
+
+fn panic_text(result: std::thread::Result<()>) -> String {
+    let payload = result.expect_err("the leak test should have failed");
+    payload.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
+#[test]
+fn environment_overrides_and_malformed_values() {
+    // A malformed value fails the test and names the variable.
+    std::env::set_var("GPU_LEAK_TEST_ITERATIONS", "five");
+    let text = panic_text(catch_unwind(|| run_body(INFO, cpu(), |_| {})));
+    assert!(text.contains("environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number"), "{text}");
+
+    // A valid value changes the run; the attribute still wins over it.
+    std::env::set_var("GPU_LEAK_TEST_ITERATIONS", "3");
+    std::env::set_var("GPU_LEAK_TEST_WARMUP", "1");
+    let mut kept = Vec::new();
+    let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+    })));
+    assert!(text.contains("over 3 measured iterations"), "{text}");
+    assert!(text.contains("Ran 1 warm-up + 3 measured iterations"), "{text}");
+    let attribute = Overrides { iterations: Some(4), ..cpu() };
+    let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_body(INFO, attribute, |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+    })));
+    assert!(text.contains("over 4 measured iterations"), "{text}");
+
+    // A threshold from the environment lets small growth pass.
+    std::env::set_var("GPU_LEAK_TEST_THRESHOLD_MB", "1");
+    run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))));
+
+    // A malformed GPU_LEAK_TEST_REQUIRE_CUDA is an error too, where it is read.
+    std::env::set_var("GPU_LEAK_TEST_REQUIRE_CUDA", "perhaps");
+    let text = panic_text(catch_unwind(|| run_body(INFO, Overrides { device: Some("auto".into()), ..Default::default() }, |_| {})));
+    assert!(text.contains("GPU_LEAK_TEST_REQUIRE_CUDA"), "{text}");
+    for name in ["GPU_LEAK_TEST_ITERATIONS", "GPU_LEAK_TEST_WARMUP", "GPU_LEAK_TEST_THRESHOLD_MB", "GPU_LEAK_TEST_REQUIRE_CUDA"] {
+        std::env::remove_var(name);
+    }
+}

@@ -1,0 +1,93 @@
+//! #[gpu_leak_test] in each of its forms. `device = "cpu"` tests run in CI;
+//! `auto` tests run on CUDA where there is a GPU.
+use gpu_leak_test::gpu_leak_test;
+use rstest::rstest;
+use std::sync::Mutex;
+use tch::{Device, Kind, Tensor};
+
+static KEPT: Mutex<Vec<Tensor>> = Mutex::new(Vec::new());
+
+#[gpu_leak_test(device = "cpu")]
+fn clean_body_passes() {
+    let t = Tensor::ones([128], (Kind::Float, Device::Cpu));
+    assert_eq!(t.sum(Kind::Float).double_value(&[]), 128.0);
+}
+
+#[gpu_leak_test(device = "cpu", iterations = 3, warmup = 1)]
+#[should_panic(expected = "LEAK in `leaky_static_fails`")]
+fn leaky_static_fails(device: Device) {
+    KEPT.lock().unwrap().push(Tensor::zeros([64], (Kind::Float, device)));
+}
+
+#[gpu_leak_test(device = "cpu")]
+fn setup_form_that_keeps_nothing(device: Device) -> impl FnMut() {
+    let weights = Tensor::randn([16, 16], (Kind::Float, device));
+    let mut sums = Vec::new();
+    move || {
+        let x = Tensor::randn([4, 16], (Kind::Float, device));
+        // Plain numbers kept across iterations are not tensors: no leak.
+        sums.push(x.matmul(&weights).sum(Kind::Float).double_value(&[]));
+    }
+}
+
+#[gpu_leak_test(device = "cpu")]
+#[should_panic(expected = "per iteration")]
+fn setup_form_that_keeps_outputs(device: Device) -> impl FnMut() {
+    let weights = Tensor::randn([16, 16], (Kind::Float, device));
+    let mut outputs = Vec::new();
+    move || outputs.push(Tensor::randn([4, 16], (Kind::Float, device)).matmul(&weights))
+}
+
+#[gpu_leak_test(device = "cpu", threshold_mb = 1)]
+fn small_growth_under_the_threshold_passes(device: Device) -> impl FnMut() {
+    let mut kept = Vec::new();
+    move || kept.push(Tensor::zeros([256], (Kind::Float, device)))
+}
+
+#[gpu_leak_test(device = "cpu")]
+fn returning_ok_passes(device: Device) -> Result<(), String> {
+    let t = Tensor::zeros([4], (Kind::Float, device));
+    if t.size() == [4] {
+        Ok(())
+    } else {
+        Err("wrong size".into())
+    }
+}
+
+#[gpu_leak_test(device = "cpu", peak_mb = 0.01)]
+#[should_panic(expected = "PEAK OVER BUDGET")]
+fn peak_over_budget_fails(device: Device) {
+    let big = Tensor::zeros([1 << 16], (Kind::Float, device));
+    drop(big);
+}
+
+// #[gpu_leak_test] goes above #[rstest]: rstest copies attributes below it
+// onto each case next to its own #[test].
+#[gpu_leak_test(device = "cpu")]
+#[rstest]
+#[case(8)]
+#[case(512)]
+fn rstest_cases_run_as_leak_tests(#[case] elements: i64, device: Device) {
+    let t = Tensor::zeros([elements], (Kind::Float, device));
+    assert_eq!(t.numel() as i64, elements);
+}
+
+#[gpu_leak_test]
+fn auto_device_clean(device: Device) {
+    let x = Tensor::randn([64, 64], (Kind::Float, device));
+    let _ = x.matmul(&x).sum(Kind::Float).double_value(&[]);
+}
+
+#[gpu_leak_test(device = "cuda")]
+fn cuda_only_test_skips_without_a_gpu(device: Device) {
+    assert!(matches!(device, Device::Cuda(_)));
+    let _ = Tensor::ones([8], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
+}
+
+#[gpu_leak_test(device = "cuda:1")]
+fn second_gpu_test_skips_with_one_or_no_gpu(device: Device) {
+    assert_eq!(device, Device::Cuda(1));
+}
+
+#[gpu_leak_test(crate = ::gpu_leak_test, device = "cpu", warmup = 0, iterations = 2)]
+fn crate_path_option() {}
