@@ -14,7 +14,10 @@ pub struct Site {
     /// crate under test where possible; `None` when no frame is the user's.
     pub location: Option<String>,
     pub function: Option<String>,
-    /// One line saying what the site is, for sites with no user frame.
+    /// Where a helper function of the user's (not a closure) was called
+    /// from: the next frame of the user's code further out, `file:line`.
+    pub called_from: Option<String>,
+    /// One line saying what the site is.
     pub description: String,
     pub allocations: usize,
     pub bytes: u64,
@@ -59,11 +62,22 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
     for survivor in survivors.iter().filter(|s| s.device == device) {
         let frames = symbolizer.resolve(&survivor.stack);
         let inside_backward = stacks::is_inside_backward(&frames);
-        let user = stacks::first_user_frame(&frames);
+        let user_index = frames.iter().position(|f| !stacks::is_library_frame(f));
+        let user = user_index.map(|i| &frames[i]);
         let location = user.and_then(|f| f.location()).map(|l| stacks::relative_to(&l, root));
         let function = user.map(|f| f.function.clone());
+        let called_from = user_index
+            .filter(|&i| !frames[i].function.contains("{{closure}}"))
+            .and_then(|i| {
+                frames[i + 1..].iter().find(|f| !stacks::is_library_frame(f) && f.function != frames[i].function)
+            })
+            .and_then(|f| f.location())
+            .map(|l| stacks::relative_to(&l, root));
         let description = match (&location, inside_backward, survivor.on_owner_thread) {
-            (Some(location), _, _) => format!("{location} in {}", function.as_deref().unwrap_or("?")),
+            (Some(location), _, _) => {
+                let caller = called_from.as_deref().map(|c| format!(", called from {c}")).unwrap_or_default();
+                format!("{location} in {}{caller}", function.as_deref().unwrap_or("?"))
+            }
             (None, true, _) | (None, _, false) => {
                 "allocated by an autograd thread during backward() (no frame of yours on its stack)".to_string()
             }
@@ -73,6 +87,7 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
         let site = sites.entry(key).or_insert_with(|| Site {
             location,
             function,
+            called_from,
             description,
             allocations: 0,
             bytes: 0,

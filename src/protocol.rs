@@ -100,9 +100,14 @@ impl LeakTest {
         &self.name
     }
 
+    /// The settings after attribute, environment and defaults.
+    pub fn settings(&self) -> Result<Settings> {
+        Settings::resolve(&self.overrides)
+    }
+
     /// Resolves settings (attribute, environment, defaults) and the device.
     pub fn resolve(&self) -> Result<(Settings, Device)> {
-        let settings = Settings::resolve(&self.overrides)?;
+        let settings = self.settings()?;
         let require_cuda = self.require_cuda || crate::config::cuda_required()?;
         let device = settings.device.resolve(require_cuda)?;
         Ok((settings, device))

@@ -54,9 +54,11 @@ fn resolve_or_skip(test: &LeakTest) -> Option<(config::Settings, Device)> {
         Ok(resolved) => Some(resolved),
         Err(error) if device::is_missing_device(&error) => {
             let required = config::cuda_required().unwrap_or_else(|e| panic!("{}: {e}", test.name()));
+            let asked = test.settings().map(|s| s.device.to_string()).unwrap_or_else(|_| "?".into());
             if required {
                 panic!(
-                    "{}: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a missing CUDA device fails the test instead of skipping it)",
+                    "{}: device = \"{asked}\" cannot run here: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a \
+                     missing CUDA device fails the test instead of skipping it)",
                     test.name()
                 );
             }

@@ -3,21 +3,15 @@
 mod common;
 
 use gpu_leak_test::verdict::{Phase, RetainedDuring};
+use common::{allocated_size, LineMark};
 use gpu_leak_test::{LeakTest, Verdict};
 use tch::{Device, Kind, Tensor};
 
+/// A leak test located at the line that calls this.
+#[track_caller]
 fn leak_test(name: &str, device: &str) -> LeakTest {
-    LeakTest::new(name).device(device).location(format!("{}:{}", file!(), line!()), env!("CARGO_MANIFEST_DIR"))
-}
-
-/// What the hook reports for an allocation of `bytes`: exact on the CPU,
-/// rounded up to the caching allocator's 512-byte blocks on CUDA.
-fn allocated_size(device: &str, bytes: u64) -> u64 {
-    if device.starts_with("cuda") {
-        bytes.div_ceil(512) * 512
-    } else {
-        bytes
-    }
+    let caller = std::panic::Location::caller();
+    LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
 }
 
 fn kept_tensor_is_a_leak_named_at_its_line(device: &str) {
@@ -128,16 +122,14 @@ fn out_of_memory_is_a_failure_with_views(device: &str) {
 }
 
 fn training_loop_that_keeps_losses_leaks(device: &str) {
-    let loss_line = std::cell::Cell::new(0);
-    let loss_line_ref = &loss_line;
+    let mark = &LineMark::default();
     let report = leak_test("keeps_losses", device)
         .run_with_setup(|device| {
             let w = Tensor::randn([32, 32], (Kind::Float, device)).set_requires_grad(true);
             let mut losses = Vec::new();
             move || {
                 let x = Tensor::randn([8, 32], (Kind::Float, device));
-                loss_line_ref.set(line!() + 1);
-                let loss = x.matmul(&w).sum(Kind::Float);
+                mark.set(line!()); let loss = x.matmul(&w).sum(Kind::Float);
                 loss.backward();
                 losses.push(loss);
             }
@@ -147,7 +139,7 @@ fn training_loop_that_keeps_losses_leaks(device: &str) {
     let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
     // backward() freed the graph: only the scalar loss itself stays.
     assert_eq!(leak.bytes_per_iteration, allocated_size(device, 4) as f64, "{report}");
-    let location = format!("tests/detector.rs:{}", loss_line.get());
+    let location = mark.location("tests/detector.rs");
     assert_eq!(report.top_site().unwrap().location.as_deref(), Some(location.as_str()), "{report}");
 }
 
@@ -168,24 +160,6 @@ fn training_loop_that_keeps_plain_numbers_is_clean(device: &str) {
     // The gradient is allocated once, in warm-up.
     assert!(report.passed(), "{report}");
     assert!(matches!(report.verdict, Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. }), "{report}");
-}
-
-macro_rules! on_each_device {
-    ($($scenario:ident),* $(,)?) => {
-        mod cpu {
-            $( #[test] fn $scenario() { super::$scenario("cpu") } )*
-        }
-        mod cuda {
-            $(
-                #[test]
-                fn $scenario() {
-                    if super::common::cuda_device_or_skip(concat!("cuda::", stringify!($scenario))).is_some() {
-                        super::$scenario("cuda")
-                    }
-                }
-            )*
-        }
-    };
 }
 
 on_each_device!(

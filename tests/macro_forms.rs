@@ -84,9 +84,25 @@ fn cuda_only_test_skips_without_a_gpu(device: Device) {
     let _ = Tensor::ones([8], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
 }
 
-#[gpu_leak_test(device = "cuda:1")]
-fn second_gpu_test_skips_with_one_or_no_gpu(device: Device) {
-    assert_eq!(device, Device::Cuda(1));
+/// `cuda:1` where there is no second GPU: a skip with a clear line, or with
+/// GPU_LEAK_TEST_REQUIRE_CUDA=1 a failure that names the device.
+#[test]
+fn second_gpu_skips_or_fails_clearly() {
+    use gpu_leak_test::__private::{run_body, Overrides, TestInfo};
+    let info = TestInfo { name: "on_cuda_1", module: module_path!(), file: file!(), line: line!(), manifest_dir: env!("CARGO_MANIFEST_DIR") };
+    let overrides = Overrides { device: Some("cuda:1".into()), ..Default::default() };
+    let mut ran_on = None;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_body(info, overrides, |device| ran_on = Some(device))));
+    let required = gpu_leak_test::config::cuda_required().unwrap();
+    match gpu_leak_test::probe::cuda::device_count() {
+        n if n >= 2 => assert_eq!((result.is_ok(), ran_on), (true, Some(Device::Cuda(1)))),
+        _ if required => {
+            let payload = result.expect_err("a required missing device fails");
+            let message = payload.downcast_ref::<String>().unwrap();
+            assert!(message.contains("cuda:1") && message.contains("GPU_LEAK_TEST_REQUIRE_CUDA"), "{message}");
+        }
+        _ => assert_eq!((result.is_ok(), ran_on), (true, None), "skipped without running the body"),
+    }
 }
 
 #[gpu_leak_test(crate = ::gpu_leak_test, device = "cpu", warmup = 0, iterations = 2)]

@@ -18,3 +18,51 @@ pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
     let _ = writeln!(std::io::stderr(), "skipped {test}: no CUDA device; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead");
     None
 }
+
+/// What the hook reports for an allocation of `bytes`: exact on the CPU,
+/// rounded up to the caching allocator's 512-byte blocks on CUDA.
+pub fn allocated_size(device: &str, bytes: u64) -> u64 {
+    if device.starts_with("cuda") {
+        bytes.div_ceil(512) * 512
+    } else {
+        bytes
+    }
+}
+
+/// Remembers a source line from inside a closure (`mark.set(line!())`), so
+/// a test can check that a report names it.
+#[derive(Default)]
+pub struct LineMark(std::sync::atomic::AtomicU32);
+
+impl LineMark {
+    pub fn set(&self, line: u32) {
+        self.0.store(line, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `tests/<file>:<line>` as reports show it.
+    pub fn location(&self, file: &str) -> String {
+        format!("{file}:{}", self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Defines `cpu::<scenario>` and `cuda::<scenario>` tests calling
+/// `<scenario>(device)`; the CUDA ones skip (or fail, when CUDA is required)
+/// without a GPU.
+#[macro_export]
+macro_rules! on_each_device {
+    ($($scenario:ident),* $(,)?) => {
+        mod cpu {
+            $( #[test] fn $scenario() { super::$scenario("cpu") } )*
+        }
+        mod cuda {
+            $(
+                #[test]
+                fn $scenario() {
+                    if super::common::cuda_device_or_skip(concat!("cuda::", stringify!($scenario))).is_some() {
+                        super::$scenario("cuda")
+                    }
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the test binaries into a nextest archive that runs on a GPU runner
+# with no cargo: the runner needs only the archive, cargo-nextest and its own
+# libtorch (a PyTorch 2.11 install) on LD_LIBRARY_PATH. See README.md,
+# "Gating merges on a GPU runner".
+#
+#   scripts/gpu-archive.sh [OUT_DIR]     (default: .gpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-.gpu}
+. scripts/env.sh
+mkdir -p "$out"
+cargo nextest archive --workspace --archive-file "$out/tests.tar.zst"
+# nextest packs the build scripts' output folders for their shared
+# libraries; the static archives and objects in them are link-time only
+# and would double the archive's size.
+repack=$(mktemp -d)
+trap 'rm -rf "$repack"' EXIT
+tar --zstd -xf "$out/tests.tar.zst" -C "$repack"
+find "$repack/target" -path '*/build/*/out/*' \( -name '*.a' -o -name '*.o' -o -name 'flag_check*' \) -delete
+(cd "$repack" && tar -I "zstd -12 -T0" -cf - *) >"$out/tests.tar.zst"
+cp "$(command -v cargo-nextest)" "$out/"
+cp scripts/gpu-run.sh "$out/"
+ls -la "$out"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs the archive from gpu-archive.sh on a GPU runner, from the root of a
+# checkout of the same commit:
+#
+#   .gpu/gpu-run.sh [ARCHIVE_DIR] [nextest arguments...]
+#
+# It finds libtorch in the runner's Python (python3 -c 'import torch'), and
+# sets GPU_LEAK_TEST_REQUIRE_CUDA=1 so a runner without a usable GPU fails
+# instead of skipping. The UI tests compile code, so they need cargo and are
+# left to the CPU job.
+set -euo pipefail
+dir=${1:-.gpu}
+shift || true
+torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GPU_LEAK_TEST_REQUIRE_CUDA=${GPU_LEAK_TEST_REQUIRE_CUDA:-1}
+exec "$dir/cargo-nextest" nextest run --archive-file "$dir/tests.tar.zst" --workspace-remap . --no-fail-fast \
+    -E 'not binary(ui)' "$@"

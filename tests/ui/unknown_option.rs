@@ -1,0 +1,6 @@
+use gpu_leak_test::gpu_leak_test;
+
+#[gpu_leak_test(threshold_mb = 1.0, iteratons = 5)]
+fn misspelled() {}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use gpu_leak_test::gpu_leak_test;
+
+#[gpu_leak_test]
+async fn asynchronous() {}
+
+#[gpu_leak_test]
+fn generic<T>() {}
+
+#[gpu_leak_test]
+fn two_devices(_a: tch::Device, _b: tch::Device) {}
+
+fn main() {}

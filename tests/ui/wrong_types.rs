@@ -1,0 +1,18 @@
+use gpu_leak_test::gpu_leak_test;
+
+#[gpu_leak_test(threshold_mb = "1")]
+fn threshold_as_string() {}
+
+#[gpu_leak_test(iterations = 2.5)]
+fn fractional_iterations() {}
+
+#[gpu_leak_test(device = cuda)]
+fn device_not_a_string() {}
+
+#[gpu_leak_test(device = "gpu")]
+fn unknown_device() {}
+
+#[gpu_leak_test(iterations = 0)]
+fn zero_iterations() {}
+
+fn main() {}
