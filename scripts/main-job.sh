@@ -6,3 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 cargo test --test article -- --nocapture --test-threads 1 "$@"
+cargo test --test fixtures -- --test-threads 1 "$@"
