@@ -140,3 +140,23 @@ fn cuda_queries_without_cuda_return_the_error_not_a_panic() {
     no_cuda(cuda::clear_cublas_workspaces().unwrap_err());
     no_cuda(cuda::check_device(3).unwrap_err());
 }
+
+#[test]
+fn frees_of_tensors_from_before_the_tracker_are_not_counted() {
+    // Made under another tracker, so libtorch knows its size and reports
+    // its free to whichever hook is current then.
+    let old = {
+        let earlier = Tracker::new();
+        let _hook = earlier.enter().unwrap();
+        Tensor::zeros([512], (Kind::Float, Device::Cpu))
+    };
+    let tracker = Tracker::new();
+    let _hook = tracker.enter().unwrap();
+    drop(old);
+    assert_eq!(tracker.live_bytes(Device::Cpu), 0);
+    assert_eq!(tracker.foreign_frees(), 1);
+    let new = Tensor::zeros([8], (Kind::Float, Device::Cpu));
+    assert_eq!(tracker.live_bytes(Device::Cpu), 32);
+    drop(new);
+    assert_eq!(tracker.view(Device::Cpu).frees, 1);
+}

@@ -6,7 +6,7 @@
 //! allocations count too; threads it was never entered on are invisible, which
 //! is what keeps tests in parallel threads apart.
 //!
-//! Counting costs a few atomic operations per event. Site recording
+//! Counting costs a map update and a few atomic operations per event. Site recording
 //! ([`Tracker::start_recording`]) additionally keeps every live allocation
 //! with an unresolved stack, for attribution after a test has failed.
 use super::stacks::Stack;
@@ -89,8 +89,8 @@ pub struct OutOfMemory {
 /// The hook's figures for one device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HookView {
-    /// Bytes allocated minus bytes freed since the tracker was created.
-    /// Negative when more was freed than allocated (tensors from before).
+    /// Bytes of blocks allocated since the tracker was created and not freed
+    /// since. Frees of blocks it never saw allocated are not counted.
     pub live_bytes: i64,
     /// The highest `live_bytes` since creation or the last peak reset.
     pub peak_bytes: i64,
@@ -107,8 +107,23 @@ fn thread_token() -> usize {
     THREAD_TOKEN.with(|token| token as *const u8 as usize)
 }
 
+/// A block the tracker saw allocated and has not seen freed.
+struct Block {
+    bytes: u64,
+    slot: usize,
+    /// Present for blocks allocated while recording was on.
+    recorded: Option<Box<LiveAllocation>>,
+}
+
 struct TrackerState {
     slots: [Slot; SLOTS],
+    /// Every live block by address. Frees count only for blocks in here:
+    /// libtorch also reports frees of blocks allocated before the hook or on
+    /// threads without it (on the CPU, sometimes with a stale size), and
+    /// those are not the test's.
+    blocks: Mutex<HashMap<usize, Block>>,
+    /// Frees of blocks this tracker never saw allocated.
+    foreign_frees: AtomicU64,
     /// Allocations made by threads other than the owner (autograd's device
     /// threads, helpers the test entered the tracker on).
     allocations_on_other_threads: AtomicU64,
@@ -116,7 +131,6 @@ struct TrackerState {
     recording: AtomicBool,
     tag: AtomicU32,
     max_frames: usize,
-    sites: Mutex<HashMap<usize, LiveAllocation>>,
     last_oom: Mutex<Option<OutOfMemory>>,
     oom_count: AtomicU64,
 }
@@ -129,38 +143,51 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl TrackerState {
     fn on_event(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
-        let slot = &self.slots[slot_of_raw(device_type, device_index)];
-        let live = slot.live.fetch_add(size, Relaxed) + size;
         if size > 0 {
-            slot.allocations.fetch_add(1, Relaxed);
-            slot.peak.fetch_max(live, Relaxed);
-            if thread_token() != self.owner_token {
-                self.allocations_on_other_threads.fetch_add(1, Relaxed);
-            }
-        } else {
-            slot.frees.fetch_add(1, Relaxed);
-        }
-        if self.recording.load(Relaxed) {
-            self.record_site(address, size, device_type, device_index);
+            self.on_allocation(address, size as u64, device_type, device_index);
+        } else if size < 0 {
+            self.on_free(address);
         }
     }
 
-    #[inline(never)]
-    fn record_site(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
-        if size > 0 {
-            let stack = Stack::capture(self.max_frames);
-            let allocation = LiveAllocation {
+    fn on_allocation(&self, address: usize, bytes: u64, device_type: i32, device_index: i32) {
+        let slot = slot_of_raw(device_type, device_index);
+        let other_thread = thread_token() != self.owner_token;
+        // Capture outside the lock: it is the slow part.
+        let recorded = self.recording.load(Relaxed).then(|| {
+            Box::new(LiveAllocation {
                 address,
-                bytes: size as u64,
+                bytes,
                 device: device_of_raw(device_type, device_index),
                 tag: self.tag.load(Relaxed),
-                on_owner_thread: thread_token() == self.owner_token,
-                stack,
-            };
-            lock(&self.sites).insert(address, allocation);
-        } else {
-            lock(&self.sites).remove(&address);
+                on_owner_thread: !other_thread,
+                stack: Stack::capture(self.max_frames),
+            })
+        });
+        let replaced = lock(&self.blocks).insert(address, Block { bytes, slot, recorded });
+        if let Some(old) = replaced {
+            // The address is in use again, so its old block was freed where
+            // the hook could not see it (a thread without the hook).
+            self.slots[old.slot].live.fetch_sub(old.bytes as i64, Relaxed);
+            self.slots[old.slot].frees.fetch_add(1, Relaxed);
         }
+        let counters = &self.slots[slot];
+        let live = counters.live.fetch_add(bytes as i64, Relaxed) + bytes as i64;
+        counters.allocations.fetch_add(1, Relaxed);
+        counters.peak.fetch_max(live, Relaxed);
+        if other_thread {
+            self.allocations_on_other_threads.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn on_free(&self, address: usize) {
+        let Some(block) = lock(&self.blocks).remove(&address) else {
+            self.foreign_frees.fetch_add(1, Relaxed);
+            return;
+        };
+        let counters = &self.slots[block.slot];
+        counters.live.fetch_sub(block.bytes as i64, Relaxed);
+        counters.frees.fetch_add(1, Relaxed);
     }
 }
 
@@ -214,8 +241,9 @@ impl Tracker {
                 tag: AtomicU32::new(0),
                 max_frames: super::stacks::DEFAULT_MAX_FRAMES,
                 allocations_on_other_threads: AtomicU64::new(0),
+                foreign_frees: AtomicU64::new(0),
                 owner_token: thread_token(),
-                sites: Mutex::new(HashMap::new()),
+                blocks: Mutex::new(HashMap::new()),
                 last_oom: Mutex::new(None),
                 oom_count: AtomicU64::new(0),
             }),
@@ -291,14 +319,21 @@ impl Tracker {
 
     /// Recorded allocations that are still alive, largest first.
     pub fn recorded_survivors(&self) -> Vec<LiveAllocation> {
-        let mut survivors: Vec<LiveAllocation> = lock(&self.state.sites).values().cloned().collect();
+        let mut survivors: Vec<LiveAllocation> =
+            lock(&self.state.blocks).values().filter_map(|b| b.recorded.as_deref().cloned()).collect();
         survivors.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.tag.cmp(&b.tag)).then(a.address.cmp(&b.address)));
         survivors
     }
 
-    /// Forgets everything recorded.
+    /// Forgets the stacks recorded so far (the blocks stay counted).
     pub fn clear_recorded(&self) {
-        lock(&self.state.sites).clear();
+        lock(&self.state.blocks).values_mut().for_each(|b| b.recorded = None);
+    }
+
+    /// Frees libtorch reported for blocks this tracker never saw allocated
+    /// (made before it, or on threads without the hook); they are not counted.
+    pub fn foreign_frees(&self) -> u64 {
+        self.state.foreign_frees.load(Relaxed)
     }
 
     /// Allocations (all devices) made on threads other than the one that

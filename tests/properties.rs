@@ -1,0 +1,162 @@
+//! Property tests: random allocation programs run with real libtorch CPU
+//! tensors through the harness, checked against ground truth computed from
+//! the program itself.
+//!
+//! A program is what one iteration does: a list of allocations, each with a
+//! size, a call site, and what happens to it: dropped at once, kept for good
+//! (a leak), kept for a few iterations and freed later (bounded), or made on
+//! a helper thread (invisible to a per-thread test: neither counted nor a
+//! leak). The harness must find exactly the kept-for-good bytes per
+//! iteration, and attribution must name exactly their sites.
+use gpu_leak_test::{LeakTest, Report, Verdict};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use std::collections::{BTreeSet, VecDeque};
+use tch::{Device, Kind, Tensor};
+
+const WARMUP: u32 = 2;
+const ATTRIBUTION_ITERATIONS: u32 = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fate {
+    Dropped,
+    KeptForGood,
+    /// Freed this many iterations later; at most the warm-up length, so the
+    /// level is flat by the first measured iteration.
+    KeptFor(u32),
+    OnHelperThread { kept: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Allocation {
+    elements: i64,
+    site: usize,
+    fate: Fate,
+}
+
+fn allocation() -> impl Strategy<Value = Allocation> {
+    let fate = prop_oneof![
+        3 => Just(Fate::Dropped),
+        2 => Just(Fate::KeptForGood),
+        2 => (1..=WARMUP).prop_map(Fate::KeptFor),
+        1 => any::<bool>().prop_map(|kept| Fate::OnHelperThread { kept }),
+    ];
+    (1i64..=2048, 0usize..4, fate).prop_map(|(elements, site, fate)| Allocation { elements, site, fate })
+}
+
+fn program() -> impl Strategy<Value = Vec<Allocation>> {
+    prop::collection::vec(allocation(), 0..8)
+}
+
+/// Allocates at one of four distinct lines, so attribution can tell sites
+/// apart. Returns the tensor and its line.
+#[inline(never)]
+fn allocate_at(site: usize, elements: i64) -> (Tensor, u32) {
+    let options = (Kind::Float, Device::Cpu);
+    match site {
+        0 => (Tensor::zeros([elements], options), line!()),
+        1 => (Tensor::zeros([elements], options), line!()),
+        2 => (Tensor::zeros([elements], options), line!()),
+        _ => (Tensor::zeros([elements], options), line!()),
+    }
+}
+
+/// What the harness must find: retained bytes per iteration and the lines
+/// that retain them.
+fn ground_truth(program: &[Allocation]) -> (u64, BTreeSet<u32>) {
+    let kept: Vec<&Allocation> = program.iter().filter(|a| a.fate == Fate::KeptForGood).collect();
+    let bytes = kept.iter().map(|a| a.elements as u64 * 4).sum();
+    let lines = kept.iter().map(|a| allocate_at(a.site, 1).1).collect();
+    (bytes, lines)
+}
+
+fn run_program(program: &[Allocation]) -> Report {
+    let mut kept_for_good = Vec::new();
+    let mut expiring: VecDeque<(u32, Tensor)> = VecDeque::new();
+    let mut helper_kept = Vec::new();
+    let mut iteration = 0u32;
+    LeakTest::new("property")
+        .device("cpu")
+        .warmup(WARMUP)
+        .iterations(5)
+        .attribution_iterations(ATTRIBUTION_ITERATIONS)
+        .location(format!("{}:{}", file!(), line!()), env!("CARGO_MANIFEST_DIR"))
+        .run(|_| {
+            iteration += 1;
+            while expiring.front().is_some_and(|(until, _)| *until <= iteration) {
+                expiring.pop_front();
+            }
+            for a in program {
+                match a.fate {
+                    Fate::Dropped => drop(allocate_at(a.site, a.elements)),
+                    Fate::KeptForGood => kept_for_good.push(allocate_at(a.site, a.elements).0),
+                    Fate::KeptFor(n) => expiring.push_back((iteration + n, allocate_at(a.site, a.elements).0)),
+                    Fate::OnHelperThread { kept } => {
+                        let (site, elements) = (a.site, a.elements);
+                        let tensor = std::thread::spawn(move || allocate_at(site, elements).0).join().unwrap();
+                        if kept {
+                            helper_kept.push(tensor);
+                        }
+                    }
+                }
+            }
+            // Keep the queue ordered by expiry.
+            expiring.make_contiguous().sort_by_key(|(until, _)| *until);
+        })
+        .unwrap()
+}
+
+fn check_program(program: &[Allocation]) -> Result<(), TestCaseError> {
+    let (bytes_per_iteration, lines) = ground_truth(program);
+    let report = run_program(program);
+    if bytes_per_iteration == 0 {
+        prop_assert!(report.passed(), "nothing kept for good, yet:\n{report}");
+        prop_assert!(!matches!(report.verdict, Verdict::Leak(_)));
+        return Ok(());
+    }
+    let Verdict::Leak(leak) = &report.verdict else {
+        return Err(TestCaseError::fail(format!("expected a leak of {bytes_per_iteration} B/iteration:\n{report}")));
+    };
+    prop_assert_eq!(leak.bytes_per_iteration, bytes_per_iteration as f64);
+    // Sites with survivors from every attribution iteration are the ones
+    // that retain for good; bounded ones survive only the last few.
+    let every_iteration: Vec<u32> = (1..=ATTRIBUTION_ITERATIONS).collect();
+    let persistent: BTreeSet<u32> = report
+        .attribution
+        .as_ref()
+        .unwrap()
+        .sites
+        .iter()
+        .filter(|s| s.iterations == every_iteration)
+        .map(|s| {
+            let location = s.location.as_deref().unwrap_or_default();
+            location.rsplit(':').next().unwrap().parse::<u32>().unwrap()
+        })
+        .collect();
+    prop_assert_eq!(persistent, lines, "\n{}", report);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(Config { cases: 40, ..Config::default() })]
+
+    #[test]
+    fn verdict_bytes_and_sites_match_the_program(program in program()) {
+        check_program(&program)?;
+    }
+}
+
+/// A failure shrinks to a minimal program: with a deliberately wrong oracle
+/// ("nothing ever leaks"), proptest reduces any leaking program to one
+/// allocation of one element, kept for good.
+#[test]
+fn a_failure_shrinks_to_a_minimal_program() {
+    let mut runner = TestRunner::new(Config { cases: 64, failure_persistence: None, ..Config::default() });
+    let result = runner.run(&program(), |program| {
+        let report = run_program(&program);
+        prop_assert!(!matches!(report.verdict, Verdict::Leak(_)), "leak");
+        Ok(())
+    });
+    let Err(TestError::Fail(_, minimal)) = result else { panic!("the wrong oracle should fail: {result:?}") };
+    assert_eq!(minimal, vec![Allocation { elements: 1, site: 0, fate: Fate::KeptForGood }]);
+}
