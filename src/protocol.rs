@@ -152,6 +152,11 @@ impl LeakTest {
     {
         let started = Instant::now();
         let _device_lock = device::lock_device(device);
+        if let Device::Cuda(index) = device {
+            // Best effort: a failure here shows up again, with context, in
+            // the test's own first CUDA call.
+            let _ = crate::probe::cuda::prewarm(index);
+        }
         let tracker = Tracker::new();
         let mut run = Run {
             test: self,

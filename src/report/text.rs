@@ -104,11 +104,20 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 _ => "The test body returned an error",
             };
             let _ = writeln!(out, "  {what} {at}:");
-            for line in message.lines() {
+            for line in without_cpp_frames(message).lines() {
                 let _ = writeln!(out, "    | {line}");
             }
         }
     }
+}
+
+/// libtorch's error messages end with a list of C++ frames; the first lines
+/// say what happened. tch's panics quote the message with `{:?}`, so the
+/// line breaks may be escaped.
+fn without_cpp_frames(message: &str) -> &str {
+    let markers = ["\nException raised from", "\nframe #0", "\\nException raised from", "\\nframe #0"];
+    let end = markers.iter().filter_map(|m| message.find(m)).min();
+    message[..end.unwrap_or(message.len())].trim_end()
 }
 
 fn attribution_lines(report: &Report, out: &mut String) {
@@ -286,6 +295,15 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libtorch_frames_are_cut_from_messages() {
+        let message = "CUDA out of memory. Tried to allocate 2.00 GiB.\nException raised from malloc at x.cpp:1\nframe #0: c10::Error";
+        assert_eq!(without_cpp_frames(message), "CUDA out of memory. Tried to allocate 2.00 GiB.");
+        assert_eq!(without_cpp_frames("plain"), "plain");
+        let quoted = r#"Torch("CUDA out of memory.\nException raised from malloc\nframe #0: x")"#;
+        assert_eq!(without_cpp_frames(quoted), r#"Torch("CUDA out of memory."#);
+    }
 
     #[test]
     fn iteration_ranges() {
