@@ -30,6 +30,10 @@ pub struct Site {
     pub on_other_thread: bool,
     /// A trimmed stack of one of its allocations, innermost first.
     pub stack: Vec<Frame>,
+    /// The reason of the suppression in `gpu-leak-test.yaml` that matches it.
+    pub suppressed_by: Option<String>,
+    /// Addresses of its surviving allocations.
+    pub addresses: Vec<usize>,
 }
 
 impl Site {
@@ -51,6 +55,26 @@ pub struct Attribution {
 impl Attribution {
     pub fn total_bytes(&self) -> u64 {
         self.sites.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Marks the sites a suppression matches (a glob on `file:line`, on the
+    /// function, or on the line that called a helper) and returns their
+    /// bytes per iteration.
+    pub fn apply_suppressions(&mut self, suppressions: &[crate::config::Suppression]) -> f64 {
+        use crate::config_file::glob_match;
+        let mut suppressed = 0.0;
+        for site in &mut self.sites {
+            let names = [&site.location, &site.function, &site.called_from];
+            let hit = suppressions.iter().find(|s| {
+                names.iter().any(|name| name.as_deref().is_some_and(|n| glob_match(&s.site, n)))
+                    || glob_match(&s.site, &site.description)
+            });
+            if let Some(suppression) = hit {
+                site.suppressed_by = Some(suppression.reason.clone());
+                suppressed += site.bytes_per_iteration;
+            }
+        }
+        suppressed
     }
 }
 
@@ -95,6 +119,8 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
             iterations: Vec::new(),
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
+            suppressed_by: None,
+            addresses: Vec::new(),
             stack: trim_stack(&frames)
                 .into_iter()
                 .map(|mut f| {
@@ -105,6 +131,7 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
         });
         site.allocations += 1;
         site.bytes += survivor.bytes;
+        site.addresses.push(survivor.address);
         if !site.iterations.contains(&survivor.tag) {
             site.iterations.push(survivor.tag);
         }

@@ -1,5 +1,7 @@
 //! Settings resolved at run time: attribute values first, then
-//! `GPU_LEAK_TEST_*` environment variables, then defaults.
+//! `GPU_LEAK_TEST_*` environment variables, then `gpu-leak-test.yaml`, then
+//! defaults.
+pub use crate::config_file::{ConfigFile, FileLayer, Plots, Suppression};
 use crate::error::{Error, Result};
 
 /// Set to 1 on GPU runners: a test that finds no CUDA device then fails
@@ -89,6 +91,10 @@ pub struct Settings {
     pub threshold_mb: f64,
     pub peak_mb: Option<f64>,
     pub attribution_iterations: u32,
+    /// Where JSON reports and plots go; `None` for `target/gpu-leak-test`.
+    pub report_dir: Option<std::path::PathBuf>,
+    pub plots: Plots,
+    pub suppressions: Vec<Suppression>,
 }
 
 impl Default for Settings {
@@ -100,12 +106,23 @@ impl Default for Settings {
             threshold_mb: DEFAULT_THRESHOLD_MB,
             peak_mb: None,
             attribution_iterations: DEFAULT_ATTRIBUTION_ITERATIONS,
+            report_dir: None,
+            plots: Plots::default(),
+            suppressions: Vec::new(),
         }
     }
 }
 
 pub fn mb_to_bytes(mb: f64) -> u64 {
     (mb * MIB).round() as u64
+}
+
+/// One setting's value and where it came from.
+type Sourced<T> = (String, T);
+
+/// The first of attribute, environment and file that has a value.
+fn first<T>(attribute: Option<Sourced<T>>, env: Option<Sourced<T>>, file: Option<Sourced<T>>) -> Option<Sourced<T>> {
+    attribute.or(env).or(file)
 }
 
 impl Settings {
@@ -117,61 +134,99 @@ impl Settings {
         self.peak_mb.map(mb_to_bytes)
     }
 
-    /// Attribute first, then `GPU_LEAK_TEST_*` variables, then defaults.
-    pub fn resolve(attribute: &Overrides) -> Result<Settings> {
-        Self::resolve_with(attribute, env_var)
+    /// Attribute first, then `GPU_LEAK_TEST_*` variables, then
+    /// `gpu-leak-test.yaml` in `crate_root` (if any), then defaults.
+    pub fn resolve(attribute: &Overrides, test: &str, crate_root: Option<&std::path::Path>) -> Result<Settings> {
+        let file = match crate_root {
+            Some(root) => ConfigFile::load(root)?.map(|config| config.layer_for(test)),
+            None => None,
+        };
+        Self::resolve_with(attribute, env_var, file.as_ref())
     }
 
-    /// [`Settings::resolve`] with the environment passed in, for tests.
+    /// [`Settings::resolve`] with the environment and the file passed in.
     pub fn resolve_with(
         attribute: &Overrides,
         env: impl Fn(&str) -> Result<Option<String>>,
+        file: Option<&FileLayer>,
     ) -> Result<Settings> {
         let defaults = Settings::default();
+        let attr = |key: &str| format!("attribute `{key}`");
         let from_env = |name: &str| -> Result<Option<(String, String)>> {
             Ok(env(name)?.filter(|v| !v.trim().is_empty()).map(|v| (format!("environment variable {name}"), v)))
         };
-        let attr = |key: &str| format!("attribute `{key}`");
-
-        let iterations = match (attribute.iterations, from_env("GPU_LEAK_TEST_ITERATIONS")?) {
-            (Some(v), _) => (attr("iterations"), v),
-            (None, Some((source, text))) => (source.clone(), parse_number(&source, &text)?),
-            (None, None) => (String::new(), defaults.iterations),
+        let env_number = |name: &str| -> Result<Option<Sourced<u32>>> {
+            from_env(name)?.map(|(source, text)| Ok((source.clone(), parse_number(&source, &text)?))).transpose()
         };
-        if iterations.1 == 0 {
+        let env_mb = |name: &str| -> Result<Option<Sourced<f64>>> {
+            from_env(name)?.map(|(source, text)| Ok((source.clone(), parse_number(&source, &text)?))).transpose()
+        };
+        let from_file = |key: &'static str, value: Option<u32>| value.map(|v| (file.map(|f| f.source(key)).unwrap_or_default(), v));
+        let from_file_mb = |key: &'static str, value: Option<f64>| value.map(|v| (file.map(|f| f.source(key)).unwrap_or_default(), v));
+        let fs = file.map(|f| f.settings.clone()).unwrap_or_default();
+
+        let iterations = first(
+            attribute.iterations.map(|v| (attr("iterations"), v)),
+            env_number("GPU_LEAK_TEST_ITERATIONS")?,
+            from_file("iterations", fs.iterations),
+        );
+        if let Some((source, 0)) = &iterations {
             return Err(Error::Config {
-                source: iterations.0,
+                source: source.clone(),
                 message: "iterations must be at least 1 (2 or more to tell a leak from one-time retention)".into(),
             });
         }
-        let warmup = match (attribute.warmup, from_env("GPU_LEAK_TEST_WARMUP")?) {
-            (Some(v), _) => v,
-            (None, Some((source, text))) => parse_number(&source, &text)?,
-            (None, None) => defaults.warmup,
+        let warmup = first(
+            attribute.warmup.map(|v| (attr("warmup"), v)),
+            env_number("GPU_LEAK_TEST_WARMUP")?,
+            from_file("warmup", fs.warmup),
+        );
+        let attribution_iterations = first(
+            attribute.attribution_iterations.map(|v| (attr("attribution_iterations"), v)),
+            env_number("GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS")?,
+            from_file("attribution_iterations", fs.attribution_iterations),
+        );
+        let threshold_mb = first(
+            attribute.threshold_mb.map(|v| (attr("threshold_mb"), v)),
+            env_mb("GPU_LEAK_TEST_THRESHOLD_MB")?,
+            from_file_mb("threshold_mb", fs.threshold_mb),
+        );
+        let threshold_mb = match threshold_mb {
+            Some((source, v)) => check_mb(&source, v, true)?,
+            None => defaults.threshold_mb,
         };
-        let attribution_iterations =
-            match (attribute.attribution_iterations, from_env("GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS")?) {
-                (Some(v), _) => v,
-                (None, Some((source, text))) => parse_number(&source, &text)?,
-                (None, None) => defaults.attribution_iterations,
-            };
-        let threshold_mb = match (attribute.threshold_mb, from_env("GPU_LEAK_TEST_THRESHOLD_MB")?) {
-            (Some(v), _) => check_mb(&attr("threshold_mb"), v, true)?,
-            (None, Some((source, text))) => check_mb(&source, parse_number(&source, &text)?, true)?,
-            (None, None) => defaults.threshold_mb,
-        };
-        let peak_mb = match (attribute.peak_mb, from_env("GPU_LEAK_TEST_PEAK_MB")?) {
-            (Some(v), _) => Some(check_mb(&attr("peak_mb"), v, false)?),
-            (None, Some((source, text))) => Some(check_mb(&source, parse_number(&source, &text)?, false)?),
-            (None, None) => None,
-        };
-        let device = match (&attribute.device, from_env("GPU_LEAK_TEST_DEVICE")?) {
-            (Some(text), _) => (attr("device"), text.clone()),
-            (None, Some(found)) => found,
-            (None, None) => (String::new(), "auto".into()),
-        };
+        let peak_mb = first(
+            attribute.peak_mb.map(|v| (attr("peak_mb"), v)),
+            env_mb("GPU_LEAK_TEST_PEAK_MB")?,
+            from_file_mb("peak_mb", fs.peak_mb),
+        );
+        let peak_mb = peak_mb.map(|(source, v)| check_mb(&source, v, false)).transpose()?;
+        let device = first(
+            attribute.device.clone().map(|v| (attr("device"), v)),
+            from_env("GPU_LEAK_TEST_DEVICE")?,
+            fs.device.clone().map(|v| (file.map(|f| f.source("device")).unwrap_or_default(), v)),
+        )
+        .unwrap_or_else(|| (String::new(), "auto".into()));
         let device = device.1.parse().map_err(|message| Error::Config { source: device.0, message })?;
-        Ok(Settings { device, warmup, iterations: iterations.1, threshold_mb, peak_mb, attribution_iterations })
+        let report_dir = match from_env("GPU_LEAK_TEST_REPORT_DIR")? {
+            Some((_, dir)) => Some(std::path::PathBuf::from(dir)),
+            None => file.and_then(|f| f.settings.report_dir.as_ref().map(|dir| f.folder.join(dir))),
+        };
+        let plots = match from_env("GPU_LEAK_TEST_PLOTS")? {
+            Some((source, text)) => text.parse().map_err(|message| Error::Config { source, message })?,
+            None => fs.plots.unwrap_or_default(),
+        };
+        Ok(Settings {
+            device,
+            warmup: warmup.map(|(_, v)| v).unwrap_or(defaults.warmup),
+            iterations: iterations.map(|(_, v)| v).unwrap_or(defaults.iterations),
+            threshold_mb,
+            peak_mb,
+            attribution_iterations: attribution_iterations.map(|(_, v)| v).unwrap_or(defaults.attribution_iterations),
+            report_dir,
+            plots,
+            suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),
+        })
     }
 }
 
@@ -208,14 +263,14 @@ mod settings_tests {
 
     #[test]
     fn defaults_without_anything() {
-        assert_eq!(Settings::resolve_with(&Overrides::default(), env(&[])).unwrap(), Settings::default());
+        assert_eq!(Settings::resolve_with(&Overrides::default(), env(&[]), None).unwrap(), Settings::default());
     }
 
     #[test]
     fn attribute_beats_environment_beats_default() {
         let vars = env(&[("GPU_LEAK_TEST_ITERATIONS", "9"), ("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "0.5")]);
         let attribute = Overrides { iterations: Some(3), device: Some("cpu".into()), ..Default::default() };
-        let settings = Settings::resolve_with(&attribute, vars).unwrap();
+        let settings = Settings::resolve_with(&attribute, vars, None).unwrap();
         assert_eq!(settings.iterations, 3);
         assert_eq!(settings.warmup, 4);
         assert_eq!(settings.threshold_mb, 0.5);
@@ -224,14 +279,36 @@ mod settings_tests {
     }
 
     #[test]
+    fn precedence_attribute_then_environment_then_file_then_default() {
+        let config = ConfigFile::parse(
+            std::path::Path::new("/crate/gpu-leak-test.yaml"),
+            "defaults: { iterations: 7, warmup: 3, threshold_mb: 2, attribution_iterations: 6, report_dir: reports, plots: all }\n",
+        )
+        .unwrap();
+        let file = config.layer_for("any::test");
+        let vars = env(&[("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "1")]);
+        let attribute = Overrides { threshold_mb: Some(0.5), ..Default::default() };
+        let s = Settings::resolve_with(&attribute, vars, Some(&file)).unwrap();
+        assert_eq!(s.threshold_mb, 0.5, "attribute over environment and file");
+        assert_eq!(s.warmup, 4, "environment over file");
+        assert_eq!((s.iterations, s.attribution_iterations), (7, 6), "file over default");
+        assert_eq!(s.peak_mb, None, "default");
+        assert_eq!(s.report_dir.as_deref(), Some(std::path::Path::new("/crate/reports")));
+        assert_eq!(s.plots, Plots::All);
+        // A bad value from the file names the file and the key.
+        let config = ConfigFile::parse(std::path::Path::new("gpu-leak-test.yaml"), "defaults: { iterations: 0 }\n").unwrap_err();
+        assert!(config.to_string().starts_with("gpu-leak-test.yaml:1: defaults.iterations: must be at least 1"), "{config}");
+    }
+
+    #[test]
     fn malformed_values_name_their_source() {
-        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "five")])).unwrap_err();
+        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "five")]), None).unwrap_err();
         assert_eq!(err.to_string(), "environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number");
-        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")])).unwrap_err();
+        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")]), None).unwrap_err();
         assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_THRESHOLD_MB: -1 MiB"), "{err}");
-        let err = Settings::resolve_with(&Overrides { device: Some("tpu".into()), ..Default::default() }, env(&[])).unwrap_err();
+        let err = Settings::resolve_with(&Overrides { device: Some("tpu".into()), ..Default::default() }, env(&[]), None).unwrap_err();
         assert!(err.to_string().starts_with("attribute `device`: \"tpu\" is not a device"), "{err}");
-        let err = Settings::resolve_with(&Overrides { iterations: Some(0), ..Default::default() }, env(&[])).unwrap_err();
+        let err = Settings::resolve_with(&Overrides { iterations: Some(0), ..Default::default() }, env(&[]), None).unwrap_err();
         assert!(err.to_string().starts_with("attribute `iterations`: iterations must be at least 1"), "{err}");
     }
 }

@@ -18,11 +18,13 @@
 //! it. The allocator's and the driver's views are shown beside it.
 pub mod attribution;
 pub mod config;
+pub mod config_file;
 pub mod device;
 pub mod error;
 mod ffi;
 pub mod probe;
 pub mod protocol;
+pub mod refs;
 pub mod report;
 mod runtime;
 pub mod verdict;
@@ -30,8 +32,10 @@ pub mod verdict;
 pub use config::{Overrides, Settings};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
-pub use gpu_leak_test_macros::gpu_leak_test;
+// The derive macro `TensorRefs` shares the trait's name, as serde's do.
+pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
 pub use protocol::LeakTest;
+pub use refs::{watch, TensorRefs};
 pub use report::Report;
 pub use tch;
 pub use verdict::Verdict;

@@ -100,9 +100,19 @@ impl LeakTest {
         &self.name
     }
 
-    /// The settings after attribute, environment and defaults.
+    /// The settings after attribute, environment, config file and defaults.
     pub fn settings(&self) -> Result<Settings> {
-        Settings::resolve(&self.overrides)
+        Settings::resolve(&self.overrides, &self.name, self.crate_root().as_deref())
+    }
+
+    /// The folder of the crate under test, where `gpu-leak-test.yaml` lives:
+    /// the one given to [`LeakTest::location`] where it exists, else
+    /// CARGO_MANIFEST_DIR at run time, which cargo and nextest set (nextest
+    /// remaps it when it runs an archive on a machine where the build-time
+    /// path does not exist).
+    pub fn crate_root(&self) -> Option<PathBuf> {
+        let runtime = || std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).filter(|p| p.is_dir());
+        self.root.clone().filter(|root| root.is_dir()).or_else(runtime)
     }
 
     /// Resolves settings (attribute, environment, defaults) and the device.
@@ -168,6 +178,7 @@ impl LeakTest {
             before: None,
             after: None,
             peak_bytes: 0,
+            references: Vec::new(),
         };
         let hook = match tracker.enter() {
             Ok(hook) => hook,
@@ -201,6 +212,7 @@ struct Run<'a> {
     after: Option<Snapshot>,
     /// Highest live bytes over setup, warm-up and measured iterations.
     peak_bytes: i64,
+    references: Vec<crate::refs::Reference>,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -289,9 +301,19 @@ impl Run<'_> {
         let peak = self.tracker.view(self.device).peak_bytes - self.series.start;
         self.peak_bytes = peak;
         let verdict = verdict::decide(&self.series, threshold, settings.peak_budget_bytes().map(|b| (peak, b)));
-        let attribution = match verdict {
-            Verdict::Leak(_) => Some(self.attribute(&mut iteration)?),
-            _ => None,
+        let (verdict, attribution) = match verdict {
+            Verdict::Leak(leak) => {
+                let mut attribution = self.attribute(&mut iteration)?;
+                let suppressed = attribution.apply_suppressions(&settings.suppressions);
+                let unsuppressed = leak.retained_bytes as f64 - suppressed * leak.iterations as f64;
+                let verdict = if suppressed > 0.0 && unsuppressed <= threshold as f64 {
+                    Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
+                } else {
+                    Verdict::Leak(leak)
+                };
+                (verdict, Some(attribution))
+            }
+            other => (other, None),
         };
         Ok((verdict, attribution))
     }
@@ -301,6 +323,7 @@ impl Run<'_> {
     fn attribute(&mut self, iteration: &mut impl FnMut() -> std::result::Result<(), String>) -> std::result::Result<Attribution, Verdict> {
         let count = self.settings.attribution_iterations.max(1);
         self.tracker.clear_recorded();
+        let watching = crate::refs::Watching::start();
         self.tracker.start_recording(1);
         for i in 1..=count {
             self.tracker.set_tag(i);
@@ -315,7 +338,9 @@ impl Run<'_> {
         let survivors = self.tracker.recorded_survivors();
         self.tracker.clear_recorded();
         let root = self.test.root.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
-        Ok(attribution::attribute(&survivors, self.device, count, &root))
+        let attribution = attribution::attribute(&survivors, self.device, count, &root);
+        self.references = watching.finish(&survivors, &attribution);
+        Ok(attribution)
     }
 
     fn finish(self, verdict: Verdict, attribution: Option<Attribution>, started: Instant) -> Report {
@@ -341,6 +366,8 @@ impl Run<'_> {
             before: self.before,
             after: self.after,
             attribution,
+            references: self.references,
+            files: None,
             other_devices: self.tracker.other_devices(self.device),
             events_per_iteration: (view.allocations + view.frees) as f64
                 / (measured_events + settings.warmup as f64).max(1.0),

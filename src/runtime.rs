@@ -75,7 +75,22 @@ fn resolve_or_skip(test: &LeakTest) -> Option<(config::Settings, Device)> {
     }
 }
 
-fn conclude(report: Report) {
+/// Writes the JSON report (and plot, and index) where the settings say; a
+/// failure to write is a warning and never changes the verdict.
+fn write_files(report: &mut Report, settings: &config::Settings) {
+    let dir = settings.report_dir.clone().unwrap_or_else(crate::report::files::default_report_dir);
+    match crate::report::files::write_report(report, &dir, settings.plots) {
+        Ok(files) => report.files = Some(files),
+        Err(why) => notice(&format!(
+            "gpu-leak-test: warning: {}: the report was not written ({why}); the verdict stands. \
+             Set GPU_LEAK_TEST_REPORT_DIR to a writable folder.",
+            report.test
+        )),
+    }
+}
+
+fn conclude(mut report: Report, settings: &config::Settings) {
+    write_files(&mut report, settings);
     if !report.passed() {
         panic!("{report}");
     }
@@ -96,25 +111,27 @@ fn conclude(report: Report) {
 pub fn run_body(info: TestInfo, overrides: Overrides, mut body: impl FnMut(Device)) {
     let test = info.leak_test(overrides);
     let Some((settings, device)) = resolve_or_skip(&test) else { return };
-    conclude(test.execute(&settings, device, |device| {
+    let report = test.execute(&settings, device, |device| {
         Ok(move || {
             body(device);
             Ok(())
         })
-    }));
+    });
+    conclude(report, &settings);
 }
 
 /// The setup form: `setup` runs once and returns the iteration.
 pub fn run_setup<I: FnMut()>(info: TestInfo, overrides: Overrides, setup: impl FnOnce(Device) -> I) {
     let test = info.leak_test(overrides);
     let Some((settings, device)) = resolve_or_skip(&test) else { return };
-    conclude(test.execute(&settings, device, |device| {
+    let report = test.execute(&settings, device, |device| {
         let mut iteration = setup(device);
         Ok(move || {
             iteration();
             Ok(())
         })
-    }));
+    });
+    conclude(report, &settings);
 }
 
 /// The per-iteration form for tests returning `Result`: the first `Err`
@@ -138,9 +155,11 @@ pub fn run_fallible<E: std::fmt::Debug>(
         })
     });
     if let (Verdict::BodyError { .. }, Some(error)) = (&report.verdict, first_error) {
+        let mut report = report;
+        write_files(&mut report, &settings);
         notice(&report.to_string());
         return Err(error);
     }
-    conclude(report);
+    conclude(report, &settings);
     Ok(())
 }

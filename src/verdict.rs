@@ -125,6 +125,9 @@ pub enum Verdict {
     OneTimeRetention { bytes: i64, during: RetainedDuring },
     /// Retained growth over the threshold, recurring across iterations.
     Leak(Leak),
+    /// A leak whose retained bytes all come from suppressed sites
+    /// (`gpu-leak-test.yaml`): reported, not failed.
+    Suppressed { retained_bytes: i64, bytes_per_iteration: f64 },
     /// The live-bytes peak went over the `peak_mb` budget.
     PeakOverBudget { peak_bytes: i64, budget_bytes: u64 },
     /// The body panicked.
@@ -137,18 +140,19 @@ pub enum Verdict {
 
 impl Verdict {
     pub fn is_failure(&self) -> bool {
-        !matches!(self, Verdict::Clean | Verdict::OneTimeRetention { .. })
+        !matches!(self, Verdict::Clean | Verdict::OneTimeRetention { .. } | Verdict::Suppressed { .. })
     }
 
     /// A short name for summaries and machine-readable output.
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Clean => "clean",
-            Verdict::OneTimeRetention { .. } => "one-time retention",
+            Verdict::OneTimeRetention { .. } => "one_time_retention",
             Verdict::Leak(_) => "leak",
-            Verdict::PeakOverBudget { .. } => "peak over budget",
+            Verdict::Suppressed { .. } => "suppressed",
+            Verdict::PeakOverBudget { .. } => "peak_over_budget",
             Verdict::Panicked { .. } => "panicked",
-            Verdict::OutOfMemory { .. } => "out of memory",
+            Verdict::OutOfMemory { .. } => "out_of_memory",
             Verdict::BodyError { .. } => "error",
         }
     }

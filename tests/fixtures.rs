@@ -261,25 +261,13 @@ fn run(scenario: &Scenario, name: &str, device: &str, sites: &Sites) -> Result<R
     .map_err(|e| e.to_string())
 }
 
-fn verdict_name(verdict: &Verdict) -> &'static str {
-    match verdict {
-        Verdict::Clean => "clean",
-        Verdict::OneTimeRetention { .. } => "one_time_retention",
-        Verdict::Leak(_) => "leak",
-        Verdict::PeakOverBudget { .. } => "peak_over_budget",
-        Verdict::Panicked { .. } => "panicked",
-        Verdict::OutOfMemory { .. } => "out_of_memory",
-        Verdict::BodyError { .. } => "error",
-    }
-}
-
 /// Runs a scenario and compares the report with `expect`.
 fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
     let sites = Sites::default();
     let report = run(scenario, name, device, &sites)?;
     println!("{}\n  ({})\n{report}\n", name, scenario.description);
     let expected = scenario.expect.verdict.on(report.device);
-    let found = verdict_name(&report.verdict);
+    let found = report.verdict.label();
     if found != expected {
         return Err(format!("expected verdict {expected}, found {found}\n{report}"));
     }

@@ -1,9 +1,14 @@
 //! The report of one leak test: what was measured, the verdict, and where
 //! retained memory was allocated. Its `Display` is the panic message.
+pub mod files;
 mod format;
+pub mod json;
+pub mod svg;
 mod text;
 
+pub use files::ReportFiles;
 pub use format::{bytes, signed_bytes, thousands};
+pub use json::JsonReport;
 
 use crate::attribution::Attribution;
 use crate::probe::{HookView, Snapshot};
@@ -72,6 +77,10 @@ pub struct Report {
     pub after: Option<Snapshot>,
     /// Present when the verdict failed on retained memory.
     pub attribution: Option<Attribution>,
+    /// The retained tensors that roots named with [`crate::watch`] hold.
+    pub references: Vec<crate::refs::Reference>,
+    /// The files written for this report, once written.
+    pub files: Option<ReportFiles>,
     /// Allocations the test made on devices other than the measured one.
     pub other_devices: Vec<(Device, HookView)>,
     /// Allocator events per measured iteration on the measured device.

@@ -42,6 +42,7 @@ fn headline(report: &Report) -> String {
         Verdict::Clean => "clean".to_string(),
         Verdict::OneTimeRetention { .. } => "passed with one-time retention".to_string(),
         Verdict::Leak(_) => "LEAK".to_string(),
+        Verdict::Suppressed { .. } => "passed with a suppressed leak".to_string(),
         Verdict::PeakOverBudget { .. } => "PEAK OVER BUDGET".to_string(),
         Verdict::Panicked { .. } => "PANICKED".to_string(),
         Verdict::OutOfMemory { .. } => "OUT OF MEMORY".to_string(),
@@ -83,6 +84,15 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 "  Live bytes reached a new high after measured iteration{} {}.",
                 if leak.growing_iterations.len() == 1 { "" } else { "s" },
                 ranges(&leak.growing_iterations)
+            );
+        }
+        Verdict::Suppressed { retained_bytes, bytes_per_iteration } => {
+            let _ = writeln!(
+                out,
+                "  {} retained over {} measured iterations ({} per iteration), all at sites suppressed in gpu-leak-test.yaml.",
+                bytes((*retained_bytes).max(0) as u64),
+                s.iterations,
+                bytes(bytes_per_iteration.round() as u64)
             );
         }
         Verdict::PeakOverBudget { peak_bytes, budget_bytes } => {
@@ -140,7 +150,11 @@ fn attribution_lines(report: &Report, out: &mut String) {
     }
     let _ = writeln!(out, "    {:>22}  {:>6}  {:>16}  {:<10}  site", "bytes", "allocs", "per iteration", "iterations");
     for site in attribution.sites.iter().take(8) {
-        let note = if site.only_last_iteration(last) { "  (last iteration only: replaced each time, not piling up)" } else { "" };
+        let note = match &site.suppressed_by {
+            Some(reason) => format!("  (suppressed: {reason})"),
+            None if site.only_last_iteration(last) => "  (last iteration only: replaced each time, not piling up)".into(),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
             "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
@@ -166,6 +180,45 @@ fn attribution_lines(report: &Report, out: &mut String) {
                 }
             }
         }
+    }
+}
+
+fn references_lines(report: &Report, out: &mut String) {
+    if report.references.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n  Retained tensors, by the part of your state that holds them:");
+    for r in &report.references {
+        let shape: Vec<String> = r.shape.iter().map(|d| d.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "    retained {} tensor{} [{}] {} {} ({}) referenced from {}{}",
+            thousands(r.tensors as u64),
+            if r.tensors == 1 { "" } else { "s" },
+            shape.join(", "),
+            dtype_name(&r.dtype),
+            device_name(r.device),
+            bytes(r.bytes),
+            r.held_by,
+            r.allocated_at.as_deref().map(|a| format!(", allocated at {a}")).unwrap_or_default()
+        );
+    }
+}
+
+/// tch's kind names, as PyTorch users read them.
+fn dtype_name(kind: &str) -> &str {
+    match kind {
+        "Float" => "f32",
+        "Double" => "f64",
+        "Half" => "f16",
+        "BFloat16" => "bf16",
+        "Int" => "i32",
+        "Int64" => "i64",
+        "Int16" => "i16",
+        "Int8" => "i8",
+        "Uint8" => "u8",
+        "Bool" => "bool",
+        other => other,
     }
 }
 
@@ -253,6 +306,7 @@ impl fmt::Display for Report {
         let mut out = String::new();
         let _ = writeln!(out, "{}", headline(self));
         verdict_lines(self, &mut out);
+        references_lines(self, &mut out);
         attribution_lines(self, &mut out);
         views_table(self, &mut out);
         series_line(&self.samples, &mut out);
@@ -276,6 +330,10 @@ impl fmt::Display for Report {
         }
         for hint in &self.hints {
             let _ = writeln!(out, "\n  Hint: {hint}");
+        }
+        if let Some(files) = &self.files {
+            let plot = files.plot.as_ref().map(|p| format!("\n  Plot: {}", p.display())).unwrap_or_default();
+            let _ = write!(out, "\n  Report: {}{plot}\n  All tests: {}\n", files.json.display(), files.index.display());
         }
         let s = &self.settings;
         let _ = writeln!(

@@ -1,0 +1,285 @@
+//! `gpu-leak-test.yaml`, found in the manifest folder of the crate under
+//! test: defaults, suppressions and per-test overrides. It sits below the
+//! attribute and the environment in precedence, above the built-in defaults.
+//!
+//! ```yaml
+//! defaults:
+//!   iterations: 8
+//!   threshold_mb: 0
+//!   report_dir: target/leak-reports
+//!   plots: failing        # failing | all | none
+//! suppressions:
+//!   - site: "tests/common/*"
+//!     reason: "the shared fixture cache is filled lazily, bounded by design"
+//! overrides:
+//!   - tests: "slow::*"
+//!     settings: { iterations: 3 }
+//! ```
+use crate::device::DeviceChoice;
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub const CONFIG_FILE_NAME: &str = "gpu-leak-test.yaml";
+
+/// Settings a file can give, in `defaults` or an override.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    pub iterations: Option<u32>,
+    pub warmup: Option<u32>,
+    pub threshold_mb: Option<f64>,
+    pub peak_mb: Option<f64>,
+    pub device: Option<String>,
+    pub attribution_iterations: Option<u32>,
+    /// Relative to the file's folder.
+    pub report_dir: Option<String>,
+    pub plots: Option<Plots>,
+}
+
+/// Which tests get an SVG timeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Plots {
+    #[default]
+    Failing,
+    All,
+    None,
+}
+
+impl std::str::FromStr for Plots {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.trim() {
+            "failing" => Ok(Plots::Failing),
+            "all" => Ok(Plots::All),
+            "none" => Ok(Plots::None),
+            other => Err(format!("{other:?} is not a plot choice; use failing, all or none")),
+        }
+    }
+}
+
+/// Survivors whose allocation site matches `site` (a glob on `file:line` or
+/// on the function) are listed in reports but not counted.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Suppression {
+    pub site: String,
+    pub reason: String,
+}
+
+/// Settings for the tests whose names match the glob `tests`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestOverride {
+    pub tests: String,
+    pub settings: FileSettings,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub defaults: FileSettings,
+    #[serde(default)]
+    pub suppressions: Vec<Suppression>,
+    #[serde(default)]
+    pub overrides: Vec<TestOverride>,
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+/// The file's settings for one test, each with where it came from.
+#[derive(Debug, Clone, Default)]
+pub struct FileLayer {
+    pub settings: FileSettings,
+    /// Per key, a description of the source (`gpu-leak-test.yaml (defaults)`).
+    pub sources: HashMap<&'static str, String>,
+    pub suppressions: Vec<Suppression>,
+    pub folder: PathBuf,
+}
+
+impl FileLayer {
+    pub fn source(&self, key: &str) -> String {
+        self.sources.get(key).cloned().unwrap_or_else(|| CONFIG_FILE_NAME.to_string())
+    }
+}
+
+/// `*` matches any run of characters, `?` any one.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    fn matches(p: &[char], t: &[char]) -> bool {
+        match (p.first(), t.first()) {
+            (None, None) => true,
+            (Some('*'), _) => matches(&p[1..], t) || (!t.is_empty() && matches(p, &t[1..])),
+            (Some('?'), Some(_)) => matches(&p[1..], &t[1..]),
+            (Some(a), Some(b)) if a == b => matches(&p[1..], &t[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    matches(&p, &t)
+}
+
+/// The 1-based line of the first line of `text` that holds `key:` and, if
+/// given, `value`.
+fn line_of(text: &str, key: &str, value: Option<&str>) -> usize {
+    let needle = format!("{key}:");
+    text.lines()
+        .position(|line| line.contains(&needle) && value.is_none_or(|v| line.contains(v)))
+        .or_else(|| text.lines().position(|line| line.contains(&needle)))
+        .map(|i| i + 1)
+        .unwrap_or(1)
+}
+
+impl ConfigFile {
+    /// Parses and checks a config file. Errors name the file, the line and
+    /// the key.
+    pub fn parse(path: &Path, text: &str) -> Result<ConfigFile> {
+        let display = path.display().to_string();
+        let error = |line: usize, message: String| Error::Config { source: format!("{display}:{line}"), message };
+        let mut config: ConfigFile = if text.trim().is_empty() {
+            ConfigFile::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| {
+                let line = e.location().map(|l| l.line()).unwrap_or(1);
+                let message = e.to_string();
+                let message = match message.find(" at line ") {
+                    Some(cut) => message[..cut].to_string(),
+                    None => message,
+                };
+                error(line, message)
+            })?
+        };
+        config.path = path.to_path_buf();
+        let mut sections = vec![("defaults".to_string(), &config.defaults)];
+        for (i, o) in config.overrides.iter().enumerate() {
+            sections.push((format!("overrides[{i}].settings"), &o.settings));
+        }
+        for (section, s) in sections {
+            let check_mb = |key: &str, value: Option<f64>, zero_allowed: bool| -> Result<()> {
+                match value {
+                    Some(v) if !(v.is_finite() && (v > 0.0 || (zero_allowed && v == 0.0))) => Err(error(
+                        line_of(text, key, Some(&v.to_string())),
+                        format!("{section}.{key}: {v} MiB is not allowed; use a {} number", if zero_allowed { "non-negative" } else { "positive" }),
+                    )),
+                    _ => Ok(()),
+                }
+            };
+            check_mb("threshold_mb", s.threshold_mb, true)?;
+            check_mb("peak_mb", s.peak_mb, false)?;
+            if s.iterations == Some(0) {
+                return Err(error(line_of(text, "iterations", Some("0")), format!("{section}.iterations: must be at least 1")));
+            }
+            if let Some(device) = &s.device {
+                device
+                    .parse::<DeviceChoice>()
+                    .map_err(|m| error(line_of(text, "device", Some(device)), format!("{section}.device: {m}")))?;
+            }
+        }
+        for (i, suppression) in config.suppressions.iter().enumerate() {
+            if suppression.reason.trim().is_empty() {
+                return Err(error(
+                    line_of(text, "site", Some(&suppression.site)),
+                    format!("suppressions[{i}].reason: say why {:?} is suppressed", suppression.site),
+                ));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Loads `gpu-leak-test.yaml` from `folder`, once per process;
+    /// `Ok(None)` where there is none.
+    pub fn load(folder: &Path) -> Result<Option<Arc<ConfigFile>>> {
+        type Cache = Mutex<HashMap<PathBuf, Result<Option<Arc<ConfigFile>>>>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let path = folder.join(CONFIG_FILE_NAME);
+        let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(path.clone())
+            .or_insert_with(|| match std::fs::read_to_string(&path) {
+                Ok(text) => ConfigFile::parse(&path, &text).map(|c| Some(Arc::new(c))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(Error::Config { source: path.display().to_string(), message: format!("cannot read: {e}") }),
+            })
+            .clone()
+    }
+
+    /// The settings for `test`: `defaults`, then every override whose glob
+    /// matches the test's name, later ones winning.
+    pub fn layer_for(&self, test: &str) -> FileLayer {
+        let file = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut layer = FileLayer {
+            suppressions: self.suppressions.clone(),
+            folder: self.path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut apply = |from: &FileSettings, source: String| {
+            macro_rules! take {
+                ($($key:ident),*) => {$(
+                    if from.$key.is_some() {
+                        layer.settings.$key = from.$key.clone();
+                        layer.sources.insert(stringify!($key), format!("{file} ({source}.{})", stringify!($key)));
+                    }
+                )*};
+            }
+            take!(iterations, warmup, threshold_mb, peak_mb, device, attribution_iterations, report_dir, plots);
+        };
+        apply(&self.defaults, "defaults".into());
+        for (i, o) in self.overrides.iter().enumerate() {
+            if glob_match(&o.tests, test) {
+                apply(&o.settings, format!("overrides[{i}].settings"));
+            }
+        }
+        layer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("article::*", "article::cpu::row1"));
+        assert!(glob_match("*row?", "article::row1"));
+        assert!(!glob_match("article::*::row2", "article::cpu::row1"));
+        assert!(glob_match("tests/common/*", "tests/common/mod.rs:12"));
+    }
+
+    fn parse(text: &str) -> Result<ConfigFile> {
+        ConfigFile::parse(Path::new("gpu-leak-test.yaml"), text)
+    }
+
+    #[test]
+    fn overrides_apply_by_name_later_ones_winning() {
+        let config = parse(
+            "defaults: { iterations: 8, warmup: 1 }\noverrides:\n  - tests: \"slow::*\"\n    settings: { iterations: 3 }\n  - tests: \"slow::very*\"\n    settings: { iterations: 2 }\n",
+        )
+        .unwrap();
+        let layer = config.layer_for("slow::very_slow");
+        assert_eq!((layer.settings.iterations, layer.settings.warmup), (Some(2), Some(1)));
+        assert_eq!(layer.source("iterations"), "gpu-leak-test.yaml (overrides[1].settings.iterations)");
+        assert_eq!(config.layer_for("fast::one").settings.iterations, Some(8));
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let err = parse("defaults:\n  iterations: 5\n  treshold_mb: 1\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:3: defaults: unknown field `treshold_mb`"), "{err}");
+        let err = parse("defaults:\n  warmup: 1\n  threshold_mb: -2\n").unwrap_err().to_string();
+        assert_eq!(err, "gpu-leak-test.yaml:3: defaults.threshold_mb: -2 MiB is not allowed; use a non-negative number");
+        let err = parse("defaults:\n  iterations: many\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2: defaults.iterations: invalid type"), "{err}");
+        let err = parse("suppressions:\n  - site: \"x.rs:*\"\n").unwrap_err().to_string();
+        assert!(err.contains("missing field `reason`"), "{err}");
+        let err = parse("suppressions:\n  - site: \"x.rs:*\"\n    reason: \" \"\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2: suppressions[0].reason"), "{err}");
+        let err = parse("overrides:\n  - tests: a\n    settings: { device: tpu }\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:3: overrides[0].settings.device: \"tpu\" is not a device"), "{err}");
+        let err = parse("defaults: { plots: sometimes }\n").unwrap_err().to_string();
+        assert!(err.contains("unknown variant `sometimes`"), "{err}");
+    }
+}

@@ -1,0 +1,198 @@
+//! The SVG timeline of one test: per sample, the change since the first
+//! sample of the exact live bytes (hook), the allocator's allocated and
+//! reserved bytes, and the driver's used bytes; the threshold as a line over
+//! the measured iterations; warm-up and attribution shaded.
+use super::Report;
+use crate::verdict::Phase;
+use std::fmt::Write;
+
+const WIDTH: f64 = 860.0;
+const HEIGHT: f64 = 420.0;
+const LEFT: f64 = 110.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 56.0;
+const BOTTOM: f64 = 60.0;
+
+/// Series colours; the render test looks for them.
+pub const LIVE_COLOR: &str = "#1f4e9c";
+pub const ALLOCATED_COLOR: &str = "#e07b00";
+pub const RESERVED_COLOR: &str = "#2a9d3c";
+pub const DRIVER_COLOR: &str = "#8e44ad";
+pub const THRESHOLD_COLOR: &str = "#d62728";
+pub const WARMUP_SHADE: &str = "#e8e8e8";
+pub const ATTRIBUTION_SHADE: &str = "#fdf1d8";
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A binary unit and a round step (1, 2 or 5 times a power of ten of that
+/// unit) that cut `range` bytes into three to eight ticks.
+fn tick_step(range: f64) -> (f64, &'static str, f64) {
+    let units = [(1073741824.0, "GiB"), (1048576.0, "MiB"), (1024.0, "KiB"), (1.0, "B")];
+    let (unit, name) = units.into_iter().find(|(u, _)| range / u >= 2.0).unwrap_or((1.0, "B"));
+    let raw = range / unit / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * magnitude).find(|s| *s >= raw).unwrap_or(magnitude * 10.0);
+    (unit, name, (step * unit).max(1.0))
+}
+
+fn tick_label(value: f64, unit: f64, name: &str) -> String {
+    let v = value / unit;
+    if v.abs() < 1e-9 {
+        return format!("0 {name}");
+    }
+    let sign = if v > 0.0 { "+" } else { "" };
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{sign}{} {name}", v.round())
+    } else {
+        format!("{sign}{v:.1} {name}")
+    }
+}
+
+/// Renders the timeline.
+pub fn timeline(report: &Report) -> String {
+    let samples = &report.samples;
+    let n = samples.len().max(2);
+    let first = samples.first();
+    let series: Vec<(&str, &str, &str, Vec<Option<f64>>)> = vec![
+        ("tensors alive (hook, exact)", LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
+        ("allocator allocated", ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
+        ("allocator reserved", RESERVED_COLOR, "8 4", samples.iter().map(|s| s.reserved_bytes.map(|v| v as f64)).collect()),
+        ("driver used", DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
+    ];
+    // Every series as its change since the first sample, so they share an axis.
+    let relative: Vec<Vec<Option<f64>>> = series
+        .iter()
+        .map(|(_, _, _, values)| {
+            let base = values.first().copied().flatten();
+            values.iter().map(|v| v.zip(base).map(|(v, b)| v - b)).collect()
+        })
+        .collect();
+    let measured_start = samples.iter().position(|s| s.phase == Phase::Measure);
+    let live_base = first.map(|s| s.live_bytes as f64).unwrap_or(0.0);
+    let threshold = measured_start.map(|i| {
+        let before = if i > 0 { samples[i - 1].live_bytes as f64 } else { live_base };
+        before - live_base + report.settings.threshold_bytes as f64
+    });
+    let mut low = 0.0f64;
+    let mut high = 0.0f64;
+    for v in relative.iter().flatten().flatten().chain(threshold.iter()) {
+        low = low.min(*v);
+        high = high.max(*v);
+    }
+    if high - low < 1.0 {
+        high = low + 1.0;
+    }
+    let pad = (high - low) * 0.08;
+    let (low, high) = (low - pad, high + pad);
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let x = |i: usize| LEFT + plot_w * i as f64 / (n - 1) as f64;
+    let y = |v: f64| TOP + plot_h * (1.0 - (v - low) / (high - low));
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
+    let title = format!("{} on {}: {}", report.test, super::json::device_name(report.device), report.verdict.label().replace('_', " "));
+    let _ = writeln!(svg, r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#, escape(&title));
+    let _ = writeln!(svg, r##"<text x="{LEFT}" y="40" fill="#555">change since the first sample, after each iteration</text>"##);
+
+    // Shaded phases: half a step either side of their samples.
+    let half = plot_w / (n - 1) as f64 / 2.0;
+    for (phase, shade, label) in [(Phase::WarmUp, WARMUP_SHADE, "warm-up"), (Phase::Attribution, ATTRIBUTION_SHADE, "attribution")] {
+        let indices: Vec<usize> = samples.iter().enumerate().filter(|(_, s)| s.phase == phase).map(|(i, _)| i).collect();
+        if let (Some(&a), Some(&b)) = (indices.first(), indices.last()) {
+            let x0 = (x(a) - half).max(LEFT);
+            let x1 = (x(b) + half).min(WIDTH - RIGHT);
+            let _ = writeln!(svg, r#"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{plot_h}" fill="{shade}"/>"#, x1 - x0);
+            let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#666">{label}</text>"##, (x0 + x1) / 2.0, TOP + 14.0);
+        }
+    }
+    // Axes and grid, at round values of a binary unit.
+    let (unit, unit_name, tick) = tick_step(high - low);
+    let mut v = (low / tick).ceil() * tick;
+    while v <= high {
+        let yy = y(v);
+        let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##, WIDTH - RIGHT);
+        let label = tick_label(v, unit, unit_name);
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, yy + 4.0, escape(&label));
+        v += tick;
+    }
+    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{:.1}" stroke="#333"/>"##, TOP + plot_h);
+    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##, TOP + plot_h, WIDTH - RIGHT, TOP + plot_h);
+    let step = (samples.len() / 16).max(1);
+    for (i, s) in samples.iter().enumerate().step_by(step) {
+        let label = match s.phase {
+            Phase::Setup => "setup".to_string(),
+            Phase::WarmUp => format!("w{}", s.iteration),
+            Phase::Attribution => format!("a{}", s.iteration),
+            _ => s.iteration.to_string(),
+        };
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, x(i), TOP + plot_h + 18.0);
+    }
+    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration</text>"#, LEFT + plot_w / 2.0, HEIGHT - 14.0);
+
+    if let (Some(t), Some(start)) = (threshold, measured_start) {
+        let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="1.5" stroke-dasharray="6 3"/>"#,
+            x(start.saturating_sub(1)),
+            y(t),
+            x(end),
+            y(t)
+        );
+    }
+    // Driver first, the exact line last, so it is drawn on top.
+    for ((_, color, dash, _), values) in series.iter().zip(&relative).rev() {
+        let points: Vec<String> =
+            values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", x(i), y(v)))).collect();
+        if points.len() < 2 {
+            continue;
+        }
+        let width = if *color == LIVE_COLOR { 3.0 } else { 2.0 };
+        let dash = if dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{dash}""#) };
+        let _ = writeln!(
+            svg,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}"{dash} points="{}"/>"#,
+            points.join(" ")
+        );
+    }
+    // Legend.
+    let mut ly = TOP + 30.0;
+    let mut entries: Vec<(&str, &str)> = series
+        .iter()
+        .zip(&relative)
+        .filter(|(_, v)| v.iter().flatten().count() >= 2)
+        .map(|((name, color, _, _), _)| (*name, *color))
+        .collect();
+    if threshold.is_some() {
+        entries.push(("threshold", THRESHOLD_COLOR));
+    }
+    for (name, color) in entries {
+        let lx = LEFT + 12.0;
+        let _ = writeln!(svg, r#"<line x1="{lx}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/>"#, lx + 22.0);
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}">{name}</text>"#, lx + 28.0, ly + 4.0);
+        ly += 16.0;
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_in_binary_units() {
+        assert_eq!(tick_step(1_400_000.0), (1024.0, "KiB", 500.0 * 1024.0));
+        assert_eq!(tick_step(3.0 * 1048576.0), (1048576.0, "MiB", 1048576.0));
+        assert_eq!(tick_step(40.0).1, "B");
+        assert_eq!(tick_label(409600.0, 1024.0, "KiB"), "+400 KiB");
+        assert_eq!(tick_label(-512.0, 1024.0, "KiB"), "-0.5 KiB");
+    }
+}

@@ -1,0 +1,245 @@
+//! Reports people act on: retained tensors matched to the test's state,
+//! the JSON report, the SVG timeline, the config file and suppressions.
+mod common;
+
+use common::LineMark;
+use gpu_leak_test::report::{files, svg, JsonReport};
+use gpu_leak_test::{watch, LeakTest, Report, TensorRefs, Verdict};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+const FILE: &str = "tests/reports.rs";
+
+#[track_caller]
+fn harness(name: &str, device: &str) -> LeakTest {
+    let caller = std::panic::Location::caller();
+    LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh folder under target/ for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[derive(TensorRefs)]
+struct TrainingState {
+    cache: Vec<Tensor>,
+    best: Option<Tensor>,
+    steps: u64,
+    #[tensor_refs(skip)]
+    _label: std::cell::Cell<u8>,
+}
+
+/// A leaking report made on the CPU: a cache the test watches, and a second
+/// leak no root holds.
+fn leaking_report(device: &str, cache_line: &LineMark, unwatched_line: &LineMark) -> Report {
+    harness("watched_cache", device)
+        .run_with_setup(|device| {
+            let mut state = TrainingState { cache: Vec::new(), best: None, steps: 0, _label: Default::default() };
+            let mut hidden = Vec::new();
+            move || {
+                cache_line.set(line!()); state.cache.push(Tensor::zeros([32, 1000], (Kind::Float, device)));
+                unwatched_line.set(line!()); hidden.push(Tensor::zeros([16], (Kind::Float, device)));
+                state.steps += 1;
+                watch("state", &state);
+            }
+        })
+        .unwrap()
+}
+
+fn references_name_the_state_that_holds_retained_tensors(device: &str) {
+    let (cache_line, unwatched_line) = (LineMark::default(), LineMark::default());
+    let report = leaking_report(device, &cache_line, &unwatched_line);
+    println!("{report}");
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let reference = report.references.first().unwrap_or_else(|| panic!("no references:\n{report}"));
+    // 2 warm-up + 5 measured iterations came before the 3 attribution ones,
+    // whose tensors are the survivors: cache[7], cache[8], cache[9].
+    assert_eq!(reference.held_by, "state.cache[7..10]");
+    assert_eq!((reference.tensors, reference.shape.clone(), reference.bytes), (3, vec![32, 1000], 3 * 128_000));
+    assert_eq!(reference.allocated_at.as_deref(), Some(cache_line.location(FILE).as_str()));
+    let device_name = if device == "cpu" { "cpu".to_string() } else { "cuda:0".to_string() };
+    let line = format!(
+        "retained 3 tensors [32, 1000] f32 {device_name} (375.00 KiB (384,000 B)) referenced from state.cache[7..10], allocated at {}",
+        cache_line.location(FILE)
+    );
+    assert!(report.to_string().contains(&line), "{line}\nnot in\n{report}");
+    // The survivor no root holds is still listed by its site.
+    assert_eq!(report.references.len(), 1, "{report}");
+    let sites = &report.attribution.as_ref().unwrap().sites;
+    assert!(sites.iter().any(|s| s.location.as_deref() == Some(unwatched_line.location(FILE).as_str())), "{report}");
+}
+
+on_each_device!(references_name_the_state_that_holds_retained_tensors);
+
+#[test]
+fn tensor_refs_paths_for_the_usual_containers() {
+    let t = || Tensor::zeros([1], (Kind::Float, Device::Cpu));
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let _layer = tch::nn::linear(vs.root() / "fc", 2, 2, Default::default());
+    let mut map = HashMap::new();
+    map.insert("k", vec![t()]);
+    let value = (map, [t(), t()], Box::new(Some(t())), vs);
+    let mut paths = Vec::new();
+    value.for_each_tensor(&mut "root".to_string(), &mut |path, _| paths.push(path.to_string()));
+    assert_eq!(paths, ["root.0[\"k\"][0]", "root.1[0]", "root.1[1]", "root.2", "root.3[\"fc.bias\"]", "root.3[\"fc.weight\"]"]);
+}
+
+#[test]
+fn watch_costs_nothing_outside_attribution() {
+    // Not inside a leak test: returns at once, records nothing, no panic.
+    watch("anything", &vec![Tensor::zeros([4], (Kind::Float, Device::Cpu))]);
+    let report = harness("watch_clean", "cpu")
+        .run(|device| {
+            let t = Tensor::zeros([4], (Kind::Float, device));
+            watch("t", &t);
+        })
+        .unwrap();
+    assert_eq!(report.verdict, Verdict::Clean);
+    assert!(report.references.is_empty());
+}
+
+#[test]
+fn json_report_round_trips_with_its_schema_version() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let report = leaking_report("cpu", &a, &b);
+    let json = JsonReport::from_report(&report, Some("watched_cache.svg".into()));
+    let text = serde_json::to_string_pretty(&json).unwrap();
+    let parsed: JsonReport = serde_json::from_str(&text).unwrap();
+    assert_eq!(parsed, json);
+    assert_eq!(parsed.schema_version, 1);
+    assert_eq!(parsed.verdict.kind, "leak");
+    // One [32, 1000] f32 (128,000 B) and one [16] f32 (64 B) per iteration.
+    assert_eq!(parsed.verdict.bytes_per_iteration, Some(128_064.0));
+    assert_eq!(parsed.device, "cpu");
+    assert!(!parsed.passed);
+    assert_eq!(parsed.samples.len(), report.samples.len());
+    assert_eq!(parsed.references[0].held_by, "state.cache[7..10]");
+    assert_eq!(parsed.sites[0].location.as_deref(), Some(a.location(FILE).as_str()));
+    // Field names are the documented ones.
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for key in ["schema_version", "test", "device", "passed", "verdict", "settings", "samples", "sites", "references", "plot"] {
+        assert!(value.get(key).is_some(), "missing {key}");
+    }
+}
+
+#[test]
+fn files_are_written_atomically_with_an_index() {
+    let dir = scratch("files");
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let failing = leaking_report("cpu", &a, &b);
+    let passing = harness("clean_one", "cpu").run(|_| {}).unwrap();
+    let written = files::write_report(&failing, &dir, gpu_leak_test::config::Plots::Failing).unwrap();
+    let clean = files::write_report(&passing, &dir, gpu_leak_test::config::Plots::Failing).unwrap();
+    assert!(written.plot.is_some() && clean.plot.is_none(), "plots for failing tests only");
+    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporary files left: {names:?}");
+    let index = std::fs::read_to_string(&written.index).unwrap();
+    assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains("watched_cache.svg"), "{index}");
+    // Writing into something that is not a folder fails with a reason.
+    let not_a_folder = dir.join("watched_cache.json");
+    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::config::Plots::All).unwrap_err();
+    assert!(error.contains("watched_cache.json"), "{error}");
+}
+
+/// Counts pixels within a small distance of `hex`.
+fn pixels_near(pixmap: &resvg::tiny_skia::Pixmap, hex: &str) -> usize {
+    let c = u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap();
+    let (r, g, b) = ((c >> 16) as i32 & 255, (c >> 8) as i32 & 255, c as i32 & 255);
+    pixmap
+        .pixels()
+        .iter()
+        .filter(|p| {
+            let p = p.demultiply();
+            (p.red() as i32 - r).abs() + (p.green() as i32 - g).abs() + (p.blue() as i32 - b).abs() < 24
+        })
+        .count()
+}
+
+#[test]
+fn svg_timeline_renders_to_real_pixels() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let report = leaking_report("cpu", &a, &b);
+    let svg_text = svg::timeline(&report);
+    let tree = resvg::usvg::Tree::from_str(&svg_text, &resvg::usvg::Options::default()).expect("valid SVG");
+    let size = tree.size().to_int_size();
+    assert_eq!((size.width(), size.height()), (860, 420));
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    let live = pixels_near(&pixmap, svg::LIVE_COLOR);
+    let threshold = pixels_near(&pixmap, svg::THRESHOLD_COLOR);
+    let warmup = pixels_near(&pixmap, svg::WARMUP_SHADE);
+    let attribution = pixels_near(&pixmap, svg::ATTRIBUTION_SHADE);
+    let white = pixels_near(&pixmap, "#ffffff");
+    println!("pixels: live {live}, threshold {threshold}, warm-up {warmup}, attribution {attribution}, white {white}");
+    // A 3-pixel line rising across ~700 pixels, a dashed threshold line,
+    // two shaded bands, and mostly white paper.
+    assert!(live > 1500, "live line {live}");
+    assert!(threshold > 150, "threshold {threshold}");
+    assert!(warmup > 5000 && attribution > 5000, "shading {warmup} {attribution}");
+    assert!(white > 860 * 420 / 3, "background {white}");
+    if let Ok(path) = std::env::var("GPU_LEAK_TEST_SAVE_PNG") {
+        pixmap.save_png(path).unwrap();
+    }
+}
+
+/// A crate folder with a gpu-leak-test.yaml, for config tests.
+fn crate_with_config(name: &str, yaml: &str) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::write(dir.join("gpu-leak-test.yaml"), yaml).unwrap();
+    dir
+}
+
+#[test]
+fn config_file_is_found_at_the_crate_root_below_attribute_and_environment() {
+    let root = crate_with_config("config_layers", "defaults:\n  iterations: 3\n  warmup: 1\noverrides:\n  - tests: \"layers::*\"\n    settings: { warmup: 0 }\n");
+    let test = |name: &str| LeakTest::new(name).device("cpu").location(format!("{FILE}:1"), &root);
+    let from_file = test("other").run(|_| {}).unwrap();
+    assert_eq!((from_file.settings.iterations, from_file.settings.warmup), (3, 1));
+    let overridden = test("layers::one").run(|_| {}).unwrap();
+    assert_eq!((overridden.settings.iterations, overridden.settings.warmup), (3, 0));
+    let attribute = test("layers::two").iterations(6).run(|_| {}).unwrap();
+    assert_eq!((attribute.settings.iterations, attribute.settings.warmup), (6, 0));
+}
+
+#[test]
+fn a_bad_config_file_is_an_error_naming_file_line_and_key() {
+    let root = crate_with_config("config_bad", "defaults:\n  iterations: 3\n  treshold_mb: 1\n");
+    let error = LeakTest::new("x").device("cpu").location(format!("{FILE}:1"), &root).run(|_| {}).unwrap_err().to_string();
+    assert!(error.contains("gpu-leak-test.yaml:3: defaults: unknown field `treshold_mb`"), "{error}");
+}
+
+#[test]
+fn suppressed_sites_are_listed_but_not_counted() {
+    let mark = &LineMark::default();
+    // Find the line first, then write a config that suppresses exactly it.
+    let run = |root: &Path| {
+        LeakTest::new("suppressed")
+            .device("cpu")
+            .location(format!("{FILE}:1"), root)
+            .run_with_setup(|device| {
+                let mut kept = Vec::new();
+                move || {
+                    mark.set(line!()); kept.push(Tensor::zeros([8], (Kind::Float, device)));
+                }
+            })
+            .unwrap()
+    };
+    let unconfigured = run(&scratch("suppress_none"));
+    assert!(matches!(unconfigured.verdict, Verdict::Leak(_)));
+    // This crate folder is not where the sources are, so sites show as
+    // absolute paths; a glob matches them either way.
+    let yaml = format!("suppressions:\n  - site: \"*{}\"\n    reason: \"a bounded cache in this fixture\"\n", mark.location(FILE));
+    let root = crate_with_config("suppress_one", &yaml);
+    let report = run(&root);
+    println!("{report}");
+    assert_eq!(report.verdict, Verdict::Suppressed { retained_bytes: 160, bytes_per_iteration: 32.0 }, "{report}");
+    assert!(report.passed());
+    let site = report.top_site().unwrap();
+    assert_eq!(site.suppressed_by.as_deref(), Some("a bounded cache in this fixture"));
+    assert!(report.to_string().contains("(suppressed: a bounded cache in this fixture)"), "{report}");
+}
