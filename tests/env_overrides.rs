@@ -51,7 +51,29 @@ fn environment_overrides_and_malformed_values() {
     std::env::set_var("GPU_LEAK_TEST_REQUIRE_CUDA", "perhaps");
     let text = panic_text(catch_unwind(|| run_body(INFO, Overrides { device: Some("auto".into()), ..Default::default() }, |_| {})));
     assert!(text.contains("GPU_LEAK_TEST_REQUIRE_CUDA"), "{text}");
-    for name in ["GPU_LEAK_TEST_ITERATIONS", "GPU_LEAK_TEST_WARMUP", "GPU_LEAK_TEST_THRESHOLD_MB", "GPU_LEAK_TEST_REQUIRE_CUDA"] {
+    std::env::remove_var("GPU_LEAK_TEST_REQUIRE_CUDA");
+    std::env::remove_var("GPU_LEAK_TEST_THRESHOLD_MB");
+
+    // Reports go where GPU_LEAK_TEST_REPORT_DIR says.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-scratch/env_reports");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &dir);
+    let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+    })));
+    assert!(dir.join("env_case.json").is_file() && dir.join("env_case.svg").is_file(), "{text}");
+    assert!(text.contains(&format!("Report: {}", dir.join("env_case.json").display())), "{text}");
+
+    // A report that cannot be written is a warning: the verdict stands,
+    // failing or passing.
+    let not_a_folder = dir.join("env_case.json");
+    std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &not_a_folder);
+    let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+    })));
+    assert!(text.contains("LEAK in `env_case`") && !text.contains("Report: "), "{text}");
+    run_body(INFO, cpu(), |_| {});
+    for name in ["GPU_LEAK_TEST_ITERATIONS", "GPU_LEAK_TEST_WARMUP", "GPU_LEAK_TEST_REPORT_DIR"] {
         std::env::remove_var(name);
     }
 }
