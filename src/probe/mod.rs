@@ -4,6 +4,8 @@
 pub mod cuda;
 pub mod hook;
 pub mod stacks;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod unwind;
 
 pub use cuda::{AllocatorStats, CublasWorkspaces, DriverMemory, Stat};
 pub use hook::{HookGuard, HookView, LiveAllocation, OutOfMemory, Tracker};

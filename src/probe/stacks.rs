@@ -15,15 +15,34 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Captures up to `max_frames` return addresses of the calling thread.
+    /// Captures up to `max_frames` return addresses of the calling thread,
+    /// with the caching unwinder where there is one.
     #[inline(never)]
     pub fn capture(max_frames: usize) -> Stack {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        {
+            let mut ips = Vec::with_capacity(max_frames.min(128));
+            if super::unwind::capture(&mut ips, max_frames) {
+                return Stack { ips: ips.into_boxed_slice() };
+            }
+        }
+        Self::capture_with_libgcc(max_frames)
+    }
+
+    /// Captures with libgcc's unwinder (through `backtrace`): slower, since
+    /// it reads the unwind tables again for every frame, but available
+    /// everywhere.
+    #[inline(never)]
+    pub fn capture_with_libgcc(max_frames: usize) -> Stack {
         let mut ips = Vec::with_capacity(max_frames.min(128));
         // SAFETY: trace_unsynchronized only requires that no other unwinding
         // runs concurrently on this thread, which a plain walk guarantees.
         unsafe {
             backtrace::trace_unsynchronized(|frame| {
-                ips.push(frame.ip() as usize);
+                // The walk can end on a null return address.
+                if !frame.ip().is_null() {
+                    ips.push(frame.ip() as usize);
+                }
                 ips.len() < max_frames
             })
         };
@@ -185,6 +204,25 @@ mod tests {
         let frames = vec![frame("c10::cuda::alloc", None), frame("torch::autograd::Engine::thread_main", None)];
         assert!(first_user_frame(&frames).is_none());
         assert!(is_inside_backward(&frames));
+    }
+
+    #[test]
+    fn the_caching_unwinder_finds_the_same_frames_as_libgcc() {
+        #[inline(never)]
+        fn both() -> (Stack, Stack) {
+            (Stack::capture(DEFAULT_MAX_FRAMES), Stack::capture_with_libgcc(DEFAULT_MAX_FRAMES))
+        }
+        let (fast, slow) = both();
+        let mut symbolizer = Symbolizer::new();
+        let names = |stack: &Stack, symbolizer: &mut Symbolizer| -> Vec<String> {
+            symbolizer.resolve(stack).into_iter().map(|f| f.function).collect()
+        };
+        let (fast, slow) = (names(&fast, &mut symbolizer), names(&slow, &mut symbolizer));
+        // Both start inside their own capture function; from the caller on
+        // they must agree frame for frame.
+        let from_caller = |names: &[String]| names.iter().position(|n| n.contains("both")).map(|i| names[i..].to_vec());
+        assert_eq!(from_caller(&fast), from_caller(&slow), "fast:\n{fast:#?}\nslow:\n{slow:#?}");
+        assert!(from_caller(&fast).unwrap().len() > 5);
     }
 
     #[test]

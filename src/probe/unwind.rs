@@ -1,0 +1,229 @@
+//! A fast in-process stack walker for Linux x86-64: framehop's DWARF
+//! unwinder over the `.eh_frame` sections of the loaded modules, with a
+//! per-thread cache of unwind rules. Return addresses recur across the
+//! allocations of a training step, so after the first few walks almost every
+//! frame is a cache hit. libgcc's `_Unwind_Backtrace` (what `backtrace`
+//! uses) parses the unwind tables again on every walk.
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::{Arc, RwLock};
+
+type Walker = UnwinderX86_64<&'static [u8]>;
+
+/// The unwinder for the modules loaded so far, and how many loads libc had
+/// counted when it was built (`dlpi_adds`): a new `dlopen` means a rebuild.
+struct Loaded {
+    walker: Arc<Walker>,
+    loads: u64,
+}
+
+static LOADED: RwLock<Option<Loaded>> = RwLock::new(None);
+
+/// One loaded ELF object, read from the program headers.
+struct Object {
+    name: String,
+    base: u64,
+    mapped: Range<u64>,
+    text: Option<Range<u64>>,
+    eh_frame_hdr: Option<Range<u64>>,
+}
+
+/// # Safety
+/// The slice must lie in memory that stays mapped (a loaded module's
+/// segments; modules are not unloaded while tests run).
+unsafe fn memory(range: &Range<u64>) -> &'static [u8] {
+    std::slice::from_raw_parts(range.start as *const u8, (range.end - range.start) as usize)
+}
+
+/// Reads the `.eh_frame` address from `.eh_frame_hdr` (version 1,
+/// pointer encoded as in DWARF's `DW_EH_PE_*`).
+fn eh_frame_start(hdr: &[u8], hdr_address: u64) -> Option<u64> {
+    if hdr.len() < 8 || hdr[0] != 1 {
+        return None;
+    }
+    let encoding = hdr[1];
+    let field = &hdr[4..];
+    let value = match encoding & 0x0f {
+        0x0b => i32::from_le_bytes(field.get(..4)?.try_into().ok()?) as i64, // sdata4
+        0x03 => u32::from_le_bytes(field.get(..4)?.try_into().ok()?) as i64, // udata4
+        0x04 | 0x0c => i64::from_le_bytes(field.get(..8)?.try_into().ok()?), // (s|u)data8
+        _ => return None,
+    };
+    match encoding & 0x70 {
+        0x00 => Some(value as u64),                                  // absolute
+        0x10 => Some((hdr_address as i64 + 4 + value) as u64),        // pc-relative
+        0x30 => Some((hdr_address as i64 + value) as u64),            // data-relative to the header
+        _ => None,
+    }
+}
+
+fn loaded_objects() -> (Vec<Object>, u64) {
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        let found = &mut *(data as *mut (Vec<Object>, u64));
+        let info = &*info;
+        found.1 = info.dlpi_adds;
+        let base = info.dlpi_addr;
+        let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+        let mut object = Object {
+            name: if info.dlpi_name.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+            },
+            base,
+            mapped: u64::MAX..0,
+            text: None,
+            eh_frame_hdr: None,
+        };
+        for h in headers {
+            let range = base + h.p_vaddr..base + h.p_vaddr + h.p_memsz;
+            match h.p_type {
+                libc::PT_LOAD => {
+                    object.mapped = object.mapped.start.min(range.start)..object.mapped.end.max(range.end);
+                    if h.p_flags & libc::PF_X != 0 {
+                        object.text = Some(range);
+                    }
+                }
+                libc::PT_GNU_EH_FRAME => object.eh_frame_hdr = Some(range),
+                _ => {}
+            }
+        }
+        if object.mapped.start < object.mapped.end {
+            found.0.push(object);
+        }
+        0
+    }
+    let mut found: (Vec<Object>, u64) = (Vec::new(), 0);
+    // SAFETY: the callback only reads what libc hands it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut found as *mut _ as *mut libc::c_void) };
+    found
+}
+
+fn build() -> Loaded {
+    let (objects, loads) = loaded_objects();
+    let mut walker = Walker::new();
+    for object in objects {
+        let Some(hdr_range) = object.eh_frame_hdr.clone() else { continue };
+        // SAFETY: program headers describe mapped memory of a loaded module.
+        let hdr = unsafe { memory(&hdr_range) };
+        let Some(eh_frame) = eh_frame_start(hdr, hdr_range.start) else { continue };
+        if !(object.mapped.start..object.mapped.end).contains(&eh_frame) {
+            continue;
+        }
+        // The section's length is not recorded; everything up to the end of
+        // its segment is readable, and the header's table says where FDEs are.
+        let eh_frame_range = eh_frame..object.mapped.end;
+        let svma = |r: &Range<u64>| r.start - object.base..r.end - object.base;
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: object.text.as_ref().map(svma),
+            // SAFETY: as above.
+            text: object.text.as_ref().map(|r| unsafe { memory(r) }),
+            eh_frame_svma: Some(svma(&eh_frame_range)),
+            eh_frame: Some(unsafe { memory(&eh_frame_range) }),
+            eh_frame_hdr_svma: Some(svma(&hdr_range)),
+            eh_frame_hdr: Some(hdr),
+            ..Default::default()
+        };
+        walker.add_module(Module::new(object.name, object.mapped.clone(), object.base, info));
+    }
+    Loaded { walker: Arc::new(walker), loads }
+}
+
+/// The walker for the modules loaded now, rebuilt after a `dlopen`.
+fn walker() -> Arc<Walker> {
+    let loads = loaded_objects_count();
+    if let Some(loaded) = LOADED.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if loaded.loads == loads {
+            return loaded.walker.clone();
+        }
+    }
+    let mut slot = LOADED.write().unwrap_or_else(|e| e.into_inner());
+    let fresh = build();
+    let walker = fresh.walker.clone();
+    *slot = Some(fresh);
+    walker
+}
+
+/// libc's count of loads so far, read without walking every object.
+fn loaded_objects_count() -> u64 {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        *(data as *mut u64) = (*info).dlpi_adds;
+        1 // stop after the first object
+    }
+    let mut adds = 0u64;
+    // SAFETY: the callback writes one u64.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut adds as *mut u64 as *mut libc::c_void) };
+    adds
+}
+
+/// The calling thread's stack, for reads the walker may make.
+fn stack_bounds() -> Range<u64> {
+    thread_local! {
+        static BOUNDS: Range<u64> = {
+            // SAFETY: pthread_getattr_np fills `attr` for the calling thread.
+            unsafe {
+                let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+                let mut start: *mut libc::c_void = std::ptr::null_mut();
+                let mut size: libc::size_t = 0;
+                if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) == 0 {
+                    libc::pthread_attr_getstack(&attr, &mut start, &mut size);
+                    libc::pthread_attr_destroy(&mut attr);
+                }
+                start as u64..start as u64 + size as u64
+            }
+        };
+    }
+    BOUNDS.with(|b| b.clone())
+}
+
+thread_local! {
+    static CACHE: RefCell<CacheX86_64> = RefCell::new(CacheX86_64::new());
+}
+
+/// Walks the calling thread's stack into `ips` (innermost first, at most
+/// `max_frames`). Returns false where it could not start, so the caller
+/// can fall back to the slow walker.
+#[inline(never)]
+pub fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
+    let (ip, sp, bp): (u64, u64, u64);
+    // SAFETY: reads three registers, touches no memory.
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    let stack = stack_bounds();
+    if !stack.contains(&sp) {
+        return false;
+    }
+    let walker = walker();
+    let mut read_stack = |address: u64| {
+        if address % 8 == 0 && address >= sp && address + 8 <= stack.end {
+            // SAFETY: inside this thread's stack, below its top.
+            Ok(unsafe { std::ptr::read(address as *const u64) })
+        } else {
+            Err(())
+        }
+    };
+    CACHE.with(|cache| {
+        let Ok(mut cache) = cache.try_borrow_mut() else { return false };
+        let mut frames = walker.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), &mut cache, &mut read_stack);
+        while ips.len() < max_frames {
+            match frames.next() {
+                Ok(Some(FrameAddress::InstructionPointer(a))) => ips.push(a as usize),
+                Ok(Some(FrameAddress::ReturnAddress(a))) => ips.push(a.get() as usize),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        ips.len() > 2
+    })
+}
