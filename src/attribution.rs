@@ -57,6 +57,12 @@ impl Attribution {
         self.sites.iter().map(|s| s.bytes).sum()
     }
 
+    /// True when something allocated before the last attribution iteration
+    /// is still alive: memory kept across iterations, the mark of a leak.
+    pub fn kept_across_iterations(&self) -> bool {
+        self.sites.iter().any(|s| s.iterations.iter().any(|&i| i < self.iterations))
+    }
+
     /// Marks the sites a suppression matches (a glob on `file:line`, on the
     /// function, or on the line that called a helper) and returns their
     /// bytes per iteration.

@@ -303,10 +303,20 @@ impl Run<'_> {
         let verdict = verdict::decide(&self.series, threshold, settings.peak_budget_bytes().map(|b| (peak, b)));
         let (verdict, attribution) = match verdict {
             Verdict::Leak(leak) => {
-                let mut attribution = self.attribute(&mut iteration)?;
+                // Enough iterations that a leak every k-th iteration leaves a
+                // survivor before the last one.
+                let widest_gap = leak.growing_iterations.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
+                let count = settings.attribution_iterations.max(widest_gap + 1).max(1);
+                let mut attribution = self.attribute(&mut iteration, count)?;
                 let suppressed = attribution.apply_suppressions(&settings.suppressions);
                 let unsuppressed = leak.retained_bytes as f64 - suppressed * leak.iterations as f64;
-                let verdict = if suppressed > 0.0 && unsuppressed <= threshold as f64 {
+                let verdict = if !attribution.kept_across_iterations() && !self.rose_every_iteration() {
+                    // Everything still alive comes from the latest iteration and
+                    // the level wanders: state replaced every iteration (a
+                    // buffer whose size varies), which new highs alone cannot
+                    // tell from a leak.
+                    Verdict::Bounded { retained_bytes: leak.retained_bytes }
+                } else if suppressed > 0.0 && unsuppressed <= threshold as f64 {
                     Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
                 } else {
                     Verdict::Leak(leak)
@@ -318,10 +328,29 @@ impl Run<'_> {
         Ok((verdict, attribution))
     }
 
-    /// Runs the attribution iterations with stack capture on and groups the
-    /// allocations that survive them.
-    fn attribute(&mut self, iteration: &mut impl FnMut() -> std::result::Result<(), String>) -> std::result::Result<Attribution, Verdict> {
-        let count = self.settings.attribution_iterations.max(1);
+    /// True when live bytes rose after every measured and attribution
+    /// iteration: growth that replaces one ever-bigger tensor (a history
+    /// kept with `cat`) leaves survivors from the last iteration only, yet
+    /// grows without bound.
+    fn rose_every_iteration(&self) -> bool {
+        let levels: Vec<i64> = std::iter::once(self.series.baseline())
+            .chain(
+                self.samples
+                    .iter()
+                    .filter(|s| matches!(s.phase, Phase::Measure | Phase::Confirm | Phase::Attribution))
+                    .map(|s| s.live_bytes),
+            )
+            .collect();
+        levels.windows(2).all(|w| w[1] > w[0])
+    }
+
+    /// Runs `count` attribution iterations with stack capture on and groups
+    /// the allocations that survive them.
+    fn attribute(
+        &mut self,
+        iteration: &mut impl FnMut() -> std::result::Result<(), String>,
+        count: u32,
+    ) -> std::result::Result<Attribution, Verdict> {
         self.tracker.clear_recorded();
         let watching = crate::refs::Watching::start();
         self.tracker.start_recording(1);
@@ -356,7 +385,7 @@ impl Run<'_> {
                 iterations: settings.iterations,
                 threshold_bytes: settings.threshold_bytes(),
                 peak_budget_bytes: settings.peak_budget_bytes(),
-                attribution_iterations: settings.attribution_iterations,
+                attribution_iterations: attribution.as_ref().map(|a| a.iterations).unwrap_or(settings.attribution_iterations),
             },
             setup_bytes: self.series.after_setup - self.series.start,
             warmup_retained_bytes: if self.series.warmup.is_empty() { 0 } else { self.series.warmup_retained() },

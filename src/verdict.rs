@@ -125,6 +125,10 @@ pub enum Verdict {
     OneTimeRetention { bytes: i64, during: RetainedDuring },
     /// Retained growth over the threshold, recurring across iterations.
     Leak(Leak),
+    /// Live bytes rose over the window, but everything still alive was
+    /// allocated in the latest iteration and the level did not rise every
+    /// time: state replaced each iteration. Reported, not failed.
+    Bounded { retained_bytes: i64 },
     /// A leak whose retained bytes all come from suppressed sites
     /// (`gpu-leak-test.yaml`): reported, not failed.
     Suppressed { retained_bytes: i64, bytes_per_iteration: f64 },
@@ -140,7 +144,10 @@ pub enum Verdict {
 
 impl Verdict {
     pub fn is_failure(&self) -> bool {
-        !matches!(self, Verdict::Clean | Verdict::OneTimeRetention { .. } | Verdict::Suppressed { .. })
+        !matches!(
+            self,
+            Verdict::Clean | Verdict::OneTimeRetention { .. } | Verdict::Bounded { .. } | Verdict::Suppressed { .. }
+        )
     }
 
     /// A short name for summaries and machine-readable output.
@@ -149,6 +156,7 @@ impl Verdict {
             Verdict::Clean => "clean",
             Verdict::OneTimeRetention { .. } => "one_time_retention",
             Verdict::Leak(_) => "leak",
+            Verdict::Bounded { .. } => "bounded",
             Verdict::Suppressed { .. } => "suppressed",
             Verdict::PeakOverBudget { .. } => "peak_over_budget",
             Verdict::Panicked { .. } => "panicked",

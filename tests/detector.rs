@@ -162,7 +162,41 @@ fn training_loop_that_keeps_plain_numbers_is_clean(device: &str) {
     assert!(matches!(report.verdict, Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. }), "{report}");
 }
 
+fn a_buffer_whose_size_varies_is_bounded_not_a_leak(device: &str) {
+    // Sizes that set new highs several times, then fall back.
+    let sizes = [100i64, 300, 200, 600, 50, 900, 1200, 100, 700, 400, 1000, 300, 800];
+    let mut step = 0;
+    let mut buffer: Option<Tensor> = None;
+    let report = leak_test("varying_buffer", device)
+        .run(|device| {
+            buffer = Some(Tensor::zeros([sizes[step % sizes.len()]], (Kind::Float, device)));
+            step += 1;
+        })
+        .unwrap();
+    assert!(report.passed(), "{report}");
+    assert!(matches!(report.verdict, Verdict::Bounded { .. } | Verdict::OneTimeRetention { .. }), "{report}");
+}
+
+fn a_history_grown_with_cat_is_a_leak(device: &str) {
+    // One tensor, replaced by a bigger one each iteration: only the latest
+    // survives, yet memory grows without bound.
+    let mark = &LineMark::default();
+    let report = leak_test("history_by_cat", device)
+        .run_with_setup(|device| {
+            let mut history = Tensor::zeros([0], (Kind::Float, device));
+            move || {
+                let step = Tensor::ones([256], (Kind::Float, device));
+                mark.set(line!()); history = Tensor::cat(&[&history, &step], 0);
+            }
+        })
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    assert_eq!(report.top_site().unwrap().location.as_deref(), Some(mark.location("tests/detector.rs").as_str()), "{report}");
+}
+
 on_each_device!(
+    a_buffer_whose_size_varies_is_bounded_not_a_leak,
+    a_history_grown_with_cat_is_a_leak,
     kept_tensor_is_a_leak_named_at_its_line,
     clean_twin_passes,
     leak_every_third_iteration_is_caught,

@@ -34,7 +34,7 @@ pub struct JsonReport {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JsonVerdict {
-    /// clean, one_time_retention, leak, suppressed, peak_over_budget,
+    /// clean, one_time_retention, bounded, leak, suppressed, peak_over_budget,
     /// panicked, out_of_memory, error
     pub kind: String,
     pub retained_bytes: Option<i64>,
@@ -150,6 +150,7 @@ fn verdict(verdict: &Verdict) -> JsonVerdict {
             out.bytes_per_iteration = Some(leak.bytes_per_iteration);
             out.growing_iterations = leak.growing_iterations.clone();
         }
+        Verdict::Bounded { retained_bytes } => out.retained_bytes = Some(*retained_bytes),
         Verdict::Suppressed { retained_bytes, bytes_per_iteration } => {
             out.retained_bytes = Some(*retained_bytes);
             out.bytes_per_iteration = Some(*bytes_per_iteration);

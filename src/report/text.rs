@@ -42,6 +42,7 @@ fn headline(report: &Report) -> String {
         Verdict::Clean => "clean".to_string(),
         Verdict::OneTimeRetention { .. } => "passed with one-time retention".to_string(),
         Verdict::Leak(_) => "LEAK".to_string(),
+        Verdict::Bounded { .. } => "passed: bounded, not a leak".to_string(),
         Verdict::Suppressed { .. } => "passed with a suppressed leak".to_string(),
         Verdict::PeakOverBudget { .. } => "PEAK OVER BUDGET".to_string(),
         Verdict::Panicked { .. } => "PANICKED".to_string(),
@@ -84,6 +85,14 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 "  Live bytes reached a new high after measured iteration{} {}.",
                 if leak.growing_iterations.len() == 1 { "" } else { "s" },
                 ranges(&leak.growing_iterations)
+            );
+        }
+        Verdict::Bounded { retained_bytes } => {
+            let _ = writeln!(
+                out,
+                "  Live bytes ended {} higher, but everything still alive was allocated in the latest iteration and \
+                 the level did not rise every time: state replaced each iteration, not piling up.",
+                bytes((*retained_bytes).max(0) as u64)
             );
         }
         Verdict::Suppressed { retained_bytes, bytes_per_iteration } => {
