@@ -18,7 +18,7 @@ repack=$(mktemp -d)
 trap 'rm -rf "$repack"' EXIT
 tar --zstd -xf "$out/tests.tar.zst" -C "$repack"
 find "$repack/target" -path '*/build/*/out/*' \( -name '*.a' -o -name '*.o' -o -name 'flag_check*' \) -delete
-(cd "$repack" && tar -I "zstd -12 -T0" -cf - *) >"$out/tests.tar.zst"
+(cd "$repack" && tar -I "zstd -19 -T0" -cf - *) >"$out/tests.tar.zst"
 cp "$(command -v cargo-nextest)" "$out/"
 cp scripts/gpu-run.sh "$out/"
 ls -la "$out"

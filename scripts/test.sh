@@ -7,3 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 cargo test --workspace "$@"
+# The benchmark in smoke mode (tiny counts), so it cannot rot unnoticed.
+cargo test --workspace --benches "$@"

@@ -242,7 +242,7 @@ impl Run<'_> {
     /// verdict that stops the test.
     fn call<T>(&mut self, phase: Phase, iteration: u32, f: impl FnOnce() -> std::result::Result<T, String>) -> std::result::Result<T, Verdict> {
         let ooms_before = self.tracker.out_of_memory().0;
-        match catch_unwind(AssertUnwindSafe(f)) {
+        match crate::probe::stacks::stop_walks_here(|| catch_unwind(AssertUnwindSafe(f))) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(message)) => Err(Verdict::BodyError { phase, iteration, message }),
             Err(payload) => {

@@ -58,6 +58,41 @@ impl Stack {
     }
 }
 
+/// Runs `f` with stack walks on this thread ending at this frame: the
+/// frames further out (the harness, the test runner, thread start) are the
+/// same for every allocation and never the user's, so walking them only
+/// costs time.
+#[inline(never)]
+pub fn stop_walks_here<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        let marker = 0u8;
+        // An address inside this frame: frames of `f` lie below it.
+        let here = std::hint::black_box(&marker) as *const u8 as u64;
+        let previous = super::unwind::BOUNDARY.with(|b| b.replace(here));
+        struct Restore(u64);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                super::unwind::BOUNDARY.with(|b| b.set(self.0));
+            }
+        }
+        let _restore = Restore(previous);
+        f()
+    }
+    #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+    f()
+}
+
+/// The caching unwinder's rule-cache counts on this thread: (hits, misses
+/// from slot collisions, other misses). `None` where there is no caching
+/// unwinder. For benchmarks and diagnosis.
+pub fn unwinder_cache_stats() -> Option<(u64, u64, u64)> {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    return Some(super::unwind::cache_stats());
+    #[allow(unreachable_code)]
+    None
+}
+
 /// One resolved frame. Inlined functions give several frames per address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {

@@ -181,6 +181,9 @@ fn stack_bounds() -> Range<u64> {
 
 thread_local! {
     static CACHE: RefCell<CacheX86_64> = RefCell::new(CacheX86_64::new());
+    /// Walks on this thread stop once they reach the frame whose stack lies
+    /// above this address (see `stacks::stop_walks_here`).
+    pub(crate) static BOUNDARY: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
 }
 
 /// Walks the calling thread's stack into `ips` (innermost first, at most
@@ -206,6 +209,7 @@ pub fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
         return false;
     }
     let walker = walker();
+    let boundary = BOUNDARY.with(|b| b.get());
     let mut read_stack = |address: u64| {
         if address % 8 == 0 && address >= sp && address + 8 <= stack.end {
             // SAFETY: inside this thread's stack, below its top.
@@ -216,14 +220,30 @@ pub fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
     };
     CACHE.with(|cache| {
         let Ok(mut cache) = cache.try_borrow_mut() else { return false };
-        let mut frames = walker.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), &mut cache, &mut read_stack);
-        while ips.len() < max_frames {
-            match frames.next() {
-                Ok(Some(FrameAddress::InstructionPointer(a))) => ips.push(a as usize),
-                Ok(Some(FrameAddress::ReturnAddress(a))) => ips.push(a.get() as usize),
+        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut address = FrameAddress::from_instruction_pointer(ip);
+        ips.push(ip as usize);
+        while ips.len() < max_frames && regs.sp() <= boundary {
+            match walker.unwind_frame(address, &mut regs, &mut cache, &mut read_stack) {
+                Ok(Some(return_address)) => match FrameAddress::from_return_address(return_address) {
+                    Some(next) => {
+                        ips.push(return_address as usize);
+                        address = next;
+                    }
+                    None => break,
+                },
                 Ok(None) | Err(_) => break,
             }
         }
         ips.len() > 2
+    })
+}
+
+/// Rule-cache lookups of the calling thread's walker: (hits, misses by slot
+/// collision, other misses). For benchmarks.
+pub fn cache_stats() -> (u64, u64, u64) {
+    CACHE.with(|cache| {
+        let stats = cache.borrow().stats();
+        (stats.hit_count, stats.miss_wrong_address_count, stats.miss_empty_slot_count + stats.miss_wrong_modules_count)
     })
 }
