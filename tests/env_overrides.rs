@@ -61,12 +61,12 @@ fn environment_overrides_and_malformed_values() {
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
         run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
     })));
-    assert!(dir.join("env_case.json").is_file() && dir.join("env_case.svg").is_file(), "{text}");
-    assert!(text.contains(&format!("Report: {}", dir.join("env_case.json").display())), "{text}");
+    assert!(dir.join("env_case.cpu.json").is_file() && dir.join("env_case.cpu.svg").is_file(), "{text}");
+    assert!(text.contains(&format!("Report: {}", dir.join("env_case.cpu.json").display())), "{text}");
 
     // A report that cannot be written is a warning: the verdict stands,
     // failing or passing.
-    let not_a_folder = dir.join("env_case.json");
+    let not_a_folder = dir.join("env_case.cpu.json");
     std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &not_a_folder);
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
         run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))

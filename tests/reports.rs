@@ -139,11 +139,11 @@ fn files_are_written_atomically_with_an_index() {
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporary files left: {names:?}");
     let index = std::fs::read_to_string(&written.index).unwrap();
-    assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains("watched_cache.svg"), "{index}");
+    assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains("watched_cache.cpu.svg"), "{index}");
     // Writing into something that is not a folder fails with a reason.
-    let not_a_folder = dir.join("watched_cache.json");
+    let not_a_folder = dir.join("watched_cache.cpu.json");
     let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::config::Plots::All).unwrap_err();
-    assert!(error.contains("watched_cache.json"), "{error}");
+    assert!(error.contains("watched_cache.cpu.json"), "{error}");
 }
 
 /// Counts pixels within a small distance of `hex`.

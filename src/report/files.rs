@@ -31,15 +31,15 @@ pub fn default_report_dir() -> PathBuf {
     from_exe.unwrap_or_else(|| PathBuf::from("target/gpu-leak-test"))
 }
 
-/// A file name for a test: letters, digits, `-` and `_`.
-pub fn file_stem(test: &str) -> String {
-    let stem: String = test.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    let stem = stem.trim_matches('_').to_string();
-    if stem.is_empty() {
-        "leak_test".into()
-    } else {
-        stem
-    }
+/// A file name for a test on a device (`row1_keeps_losses.cuda0`): the
+/// same test can run on the CPU and on CUDA. Letters, digits, `-`, `_`, `.`.
+pub fn file_stem(test: &str, device: &str) -> String {
+    let clean = |text: &str| -> String {
+        text.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>().trim_matches('_').to_string()
+    };
+    let test = clean(test);
+    let test = if test.is_empty() { "leak_test".to_string() } else { test };
+    format!("{test}.{}", device.replace(':', ""))
 }
 
 /// Writes `contents` to `path` through a temporary file in the same folder.
@@ -68,7 +68,7 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// refreshed index. Errors say which file and why.
 pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let stem = file_stem(&report.test);
+    let stem = file_stem(&report.test, &super::json::device_name(report.device));
     let wants_plot = match plots {
         Plots::All => true,
         Plots::Failing => !report.passed(),
@@ -111,7 +111,7 @@ pub fn write_index(dir: &Path) -> Result<PathBuf, String> {
          <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>plot</th><th>report</th></tr>\n",
     );
     for r in &reports {
-        let stem = file_stem(&r.test);
+        let stem = file_stem(&r.test, &r.device);
         let per_iteration = r.verdict.bytes_per_iteration.map(|b| super::bytes(b.round() as u64)).unwrap_or_default();
         let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
         html.push_str(&format!(
