@@ -174,7 +174,14 @@ fn is_hook_frame(frame: &Frame) -> bool {
 /// libtorch internals, and ends after the user's frames reach the harness.
 pub fn trim_stack(frames: &[Frame]) -> Vec<Frame> {
     const KEEP_LIBRARY_RUN: usize = 3;
-    let start = frames.iter().position(|f| !is_hook_frame(f)).unwrap_or(0);
+    // The walk starts inside the hook (this crate, the shim, inlined core
+    // helpers): begin after the last such frame near the top.
+    let own_sources = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    let start = frames
+        .iter()
+        .take(32)
+        .rposition(|f| is_hook_frame(f) || f.file.as_deref().is_some_and(|file| file.starts_with(own_sources)))
+        .map_or(0, |i| i + 1);
     let mut out = Vec::new();
     let mut seen_user = false;
     let mut folded = 0usize;
@@ -212,6 +219,21 @@ mod tests {
 
     fn frame(function: &str, file: Option<&str>) -> Frame {
         Frame { function: function.into(), file: file.map(Into::into), line: Some(1) }
+    }
+
+    #[test]
+    fn trimming_starts_after_the_hook_frames() {
+        let own = concat!(env!("CARGO_MANIFEST_DIR"), "/src/probe/hook.rs");
+        let frames = vec![
+            frame("{closure#0}", Some(own)),
+            frame("core::bool::<impl bool>::then", Some("/rustc/1/library/core/src/bool.rs")),
+            frame("gpu_leak_test::probe::hook::TrackerState::on_allocation", Some(own)),
+            frame("(anonymous namespace)::RustHook::reportMemoryUsage(void*, long, unsigned long, unsigned long, c10::Device)", None),
+            frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", None),
+            frame("user::leaky::{{closure}}", Some("/w/tests/t.rs")),
+        ];
+        let names: Vec<String> = trim_stack(&frames).into_iter().map(|f| f.function).collect();
+        assert_eq!(names, ["c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", "user::leaky::{{closure}}"]);
     }
 
     #[test]
