@@ -255,21 +255,14 @@ fn split_last_index(path: &str) -> Option<(&str, usize, &str)> {
     Some((&path[..=open], index, &path[close..]))
 }
 
-/// `[0, 1, 2, 5, 7, 8]` → `0..3, 5, 7..9`.
+/// `[0, 1, 2, 5, 7, 8]` → `0..3, 5, 7..9` (Rust's half-open ranges).
 fn index_ranges(indices: &[usize]) -> String {
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < indices.len() {
-        let start = indices[i];
-        let mut end = start;
-        while i + 1 < indices.len() && indices[i + 1] == end + 1 {
-            i += 1;
-            end = indices[i];
-        }
-        parts.push(if end == start { start.to_string() } else { format!("{start}..{}", end + 1) });
-        i += 1;
-    }
-    parts.join(", ")
+    let values: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
+    crate::report::consecutive_runs(&values)
+        .into_iter()
+        .map(|(first, last)| if first == last { first.to_string() } else { format!("{first}..{}", last + 1) })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Matches what the roots held against the surviving allocations (by

@@ -73,23 +73,24 @@ fn input(device: Device) -> Tensor {
 /// CPU, one 512-byte block on CUDA. Slow, but it never stops.
 fn row1_keeping_losses_after_backward_leaks_a_scalar_per_step(device: &str) {
     let mark = &LineMark::default();
-    let report = harness("row1_keeps_losses", device)
-        .run_with_setup(|device| {
-            let vs = nn::VarStore::new(device);
-            let model = linear(&vs);
-            let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
-            let mut losses = Vec::new();
-            move || {
-                let y = model.forward(&input(device));
-                mark.set(line!()); let loss = y.sum(Kind::Float);
-                loss.backward();
-                losses.push(loss);
-                opt.step();
-            }
-        })
-        .unwrap();
+    let report = harness("row1_keeps_losses", device).run_with_setup(|device| training_loop_keeping_losses(device, mark)).unwrap();
     show(&report);
     assert_leak(&report, &mark.location(FILE), allocated_size(device, 4));
+}
+
+/// Setup and one step of the article's loop that keeps every loss tensor.
+fn training_loop_keeping_losses(device: Device, mark: &LineMark) -> impl FnMut() + '_ {
+    let vs = nn::VarStore::new(device);
+    let model = linear(&vs);
+    let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
+    let mut losses = Vec::new();
+    move || {
+        let y = model.forward(&input(device));
+        mark.set(line!()); let loss = y.sum(Kind::Float);
+        loss.backward();
+        losses.push(loss);
+        opt.step();
+    }
 }
 
 /// Without backward() the kept loss holds its whole graph: the scalar and
@@ -563,19 +564,14 @@ fn row9_article_detect_leak_misses_row1_that_the_harness_catches(device: &str) {
         _ => Device::Cuda(0),
     };
     let tracker = Tracker::new();
-    let _hook = tracker.enter().unwrap();
-    let vs = nn::VarStore::new(device);
-    let model = linear(&vs);
-    let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
-    let mut losses = Vec::new();
+    let hook = tracker.enter().unwrap();
+    let unused_mark = LineMark::default();
+    let mut training_step = training_loop_keeping_losses(device, &unused_mark);
     let mut monitor = ArticleMonitor { history_mb: Vec::new() };
     let mut fired = 0;
     let mut after_first_step = 0.0;
     for step in 0..1000 {
-        let loss = model.forward(&input(device)).sum(Kind::Float);
-        loss.backward();
-        losses.push(loss);
-        opt.step();
+        training_step();
         monitor.log_memory(allocated_mb(device, &tracker));
         fired += monitor.detect_leak(500.0) as u32;
         if step == 0 {
@@ -591,25 +587,14 @@ fn row9_article_detect_leak_misses_row1_that_the_harness_catches(device: &str) {
     );
     assert_eq!(fired, 0, "the heuristic is blind to slow leaks");
     assert!(grew_mb > 0.0);
-    drop(_hook);
+    drop(training_step);
+    drop(hook);
 
     // The same loop through the harness fails at once, naming the line.
     let dev = if device == Device::Cpu { "cpu" } else { "cuda" };
     let mark = &LineMark::default();
-    let report = harness("row9_same_loop_in_the_harness", dev)
-        .run_with_setup(|device| {
-            let vs = nn::VarStore::new(device);
-            let model = linear(&vs);
-            let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
-            let mut losses = Vec::new();
-            move || {
-                mark.set(line!()); let loss = model.forward(&input(device)).sum(Kind::Float);
-                loss.backward();
-                losses.push(loss);
-                opt.step();
-            }
-        })
-        .unwrap();
+    let report =
+        harness("row9_same_loop_in_the_harness", dev).run_with_setup(|device| training_loop_keeping_losses(device, mark)).unwrap();
     show(&report);
     assert_leak(&report, &mark.location(FILE), allocated_size(dev, 4));
 }

@@ -7,7 +7,7 @@ pub mod svg;
 mod text;
 
 pub use files::ReportFiles;
-pub use format::{bytes, signed_bytes, thousands};
+pub use format::{bytes, consecutive_runs, signed_bytes, thousands};
 pub use json::JsonReport;
 
 use crate::attribution::Attribution;

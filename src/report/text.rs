@@ -15,26 +15,12 @@ fn device_name(device: tch::Device) -> String {
 
 /// `[1, 2, 3, 5]` → `"1-3, 5"`.
 pub(crate) fn ranges(values: &[u32]) -> String {
-    let mut out = String::new();
-    let mut i = 0;
-    while i < values.len() {
-        let start = values[i];
-        let mut end = start;
-        while i + 1 < values.len() && values[i + 1] == end + 1 {
-            i += 1;
-            end = values[i];
-        }
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        if end == start {
-            let _ = write!(out, "{start}");
-        } else {
-            let _ = write!(out, "{start}-{end}");
-        }
-        i += 1;
-    }
-    out
+    let values: Vec<u64> = values.iter().map(|&v| v as u64).collect();
+    super::format::consecutive_runs(&values)
+        .into_iter()
+        .map(|(first, last)| if first == last { first.to_string() } else { format!("{first}-{last}") })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn headline(report: &Report) -> String {
