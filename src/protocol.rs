@@ -374,8 +374,8 @@ impl Run<'_> {
 
     fn finish(self, verdict: Verdict, attribution: Option<Attribution>, started: Instant) -> Report {
         let view = self.tracker.view(self.device);
-        let measured_events = self.settings.iterations.max(1) as f64;
         let settings = self.settings;
+        let iterations_run = self.samples.iter().filter(|s| s.phase != Phase::Setup).count().max(1) as f64;
         let mut report = Report {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
@@ -398,8 +398,8 @@ impl Run<'_> {
             references: self.references,
             files: None,
             other_devices: self.tracker.other_devices(self.device),
-            events_per_iteration: (view.allocations + view.frees) as f64
-                / (measured_events + settings.warmup as f64).max(1.0),
+            // Setup's events are spread over the iterations too: an estimate.
+            events_per_iteration: (view.allocations + view.frees) as f64 / iterations_run,
             hints: Vec::new(),
             elapsed: started.elapsed(),
             verdict,

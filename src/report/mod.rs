@@ -83,7 +83,8 @@ pub struct Report {
     pub files: Option<ReportFiles>,
     /// Allocations the test made on devices other than the measured one.
     pub other_devices: Vec<(Device, HookView)>,
-    /// Allocator events per measured iteration on the measured device.
+    /// Allocations and frees per iteration on the measured device (setup's
+    /// included, so an upper estimate).
     pub events_per_iteration: f64,
     /// Advice for known patterns.
     pub hints: Vec<String>,

@@ -333,10 +333,11 @@ impl fmt::Display for Report {
         let s = &self.settings;
         let _ = writeln!(
             out,
-            "\n  Ran {} warm-up + {} measured iterations, threshold {}{}, in {:.2?}. Change them with the \
-             attribute or GPU_LEAK_TEST_WARMUP / _ITERATIONS / _THRESHOLD_MB.",
+            "\n  Ran {} warm-up + {} measured iterations ({:.0} allocator events each), threshold {}{}, in {:.2?}. \
+             Change them with the attribute or GPU_LEAK_TEST_WARMUP / _ITERATIONS / _THRESHOLD_MB.",
             s.warmup,
             s.iterations,
+            self.events_per_iteration,
             bytes(s.threshold_bytes),
             s.peak_budget_bytes.map(|p| format!(", peak budget {}", bytes(p))).unwrap_or_default(),
             self.elapsed
