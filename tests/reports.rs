@@ -176,10 +176,11 @@ fn svg_timeline_renders_to_real_pixels() {
     let attribution = pixels_near(&pixmap, svg::ATTRIBUTION_SHADE);
     let white = pixels_near(&pixmap, "#ffffff");
     println!("pixels: live {live}, threshold {threshold}, warm-up {warmup}, attribution {attribution}, white {white}");
-    // A 3-pixel line rising across ~700 pixels, a dashed threshold line,
-    // two shaded bands, and mostly white paper.
-    assert!(live > 1500, "live line {live}");
-    assert!(threshold > 150, "threshold {threshold}");
+    // A 2.5-pixel line rising across the measured and attribution
+    // iterations (~450 pixels), a dashed threshold line, two shaded bands,
+    // and mostly white paper.
+    assert!(live > 800, "live line {live}");
+    assert!(threshold > 100, "threshold {threshold}");
     assert!(warmup > 5000 && attribution > 5000, "shading {warmup} {attribution}");
     assert!(white > 860 * 420 / 3, "background {white}");
     if let Ok(path) = std::env::var("GPU_LEAK_TEST_SAVE_PNG") {

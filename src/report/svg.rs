@@ -1,7 +1,8 @@
-//! The SVG timeline of one test: per sample, the change since the first
-//! sample of the exact live bytes (hook), the allocator's allocated and
-//! reserved bytes, and the driver's used bytes; the threshold as a line over
-//! the measured iterations; warm-up and attribution shaded.
+//! The SVG timeline of one test: after each iteration, the change from the
+//! level before the first measured iteration of the exact live bytes (hook),
+//! the allocator's allocated and reserved bytes, and the driver's used bytes;
+//! the threshold as a line over the measured iterations; warm-up and
+//! attribution shaded.
 use super::Report;
 use crate::verdict::Phase;
 use std::fmt::Write;
@@ -54,30 +55,28 @@ fn tick_label(value: f64, unit: f64, name: &str) -> String {
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let n = samples.len().max(2);
-    let first = samples.first();
     let series: Vec<(&str, &str, &str, Vec<Option<f64>>)> = vec![
         ("tensors alive (hook, exact)", LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
         ("allocator allocated", ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
         ("allocator reserved", RESERVED_COLOR, "8 4", samples.iter().map(|s| s.reserved_bytes.map(|v| v as f64)).collect()),
         ("driver used", DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
     ];
-    // Every series as its change since the first sample, so they share an axis.
+    // Every series as its change since the sample before the first measured
+    // iteration, so they share an axis and a small leak is not flattened by
+    // what setup and warm-up allocated; earlier points are clipped.
+    let measured_start = samples.iter().position(|s| s.phase == Phase::Measure);
+    let base = measured_start.map_or(0, |i| i.saturating_sub(1));
     let relative: Vec<Vec<Option<f64>>> = series
         .iter()
         .map(|(_, _, _, values)| {
-            let base = values.first().copied().flatten();
-            values.iter().map(|v| v.zip(base).map(|(v, b)| v - b)).collect()
+            let reference = values.get(base).copied().flatten();
+            values.iter().map(|v| v.zip(reference).map(|(v, b)| v - b)).collect()
         })
         .collect();
-    let measured_start = samples.iter().position(|s| s.phase == Phase::Measure);
-    let live_base = first.map(|s| s.live_bytes as f64).unwrap_or(0.0);
-    let threshold = measured_start.map(|i| {
-        let before = if i > 0 { samples[i - 1].live_bytes as f64 } else { live_base };
-        before - live_base + report.settings.threshold_bytes as f64
-    });
+    let threshold = measured_start.map(|_| report.settings.threshold_bytes as f64);
     let mut low = 0.0f64;
     let mut high = 0.0f64;
-    for v in relative.iter().flatten().flatten().chain(threshold.iter()) {
+    for v in relative.iter().flat_map(|values| values[base.min(values.len())..].iter()).flatten().chain(threshold.iter()) {
         low = low.min(*v);
         high = high.max(*v);
     }
@@ -99,7 +98,14 @@ pub fn timeline(report: &Report) -> String {
     let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
     let title = format!("{} on {}: {}", report.test, super::json::device_name(report.device), report.verdict.label().replace('_', " "));
     let _ = writeln!(svg, r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#, escape(&title));
-    let _ = writeln!(svg, r##"<text x="{LEFT}" y="40" fill="#555">change since the first sample, after each iteration</text>"##);
+    let _ = writeln!(
+        svg,
+        r##"<text x="{LEFT}" y="40" fill="#555">change after each iteration, from the level before the first measured one</text>"##
+    );
+    let _ = writeln!(
+        svg,
+        r#"<clipPath id="plot"><rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/></clipPath>"#
+    );
 
     // Shaded phases: half a step either side of their samples.
     let half = plot_w / (n - 1) as f64 / 2.0;
@@ -140,25 +146,30 @@ pub fn timeline(report: &Report) -> String {
         let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
         let _ = writeln!(
             svg,
-            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="1.5" stroke-dasharray="6 3"/>"#,
+            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="2" stroke-dasharray="6 3"/>"#,
             x(start.saturating_sub(1)),
             y(t),
             x(end),
             y(t)
         );
     }
-    // Driver first, the exact line last, so it is drawn on top.
+    // Driver first, the exact line last, so it is drawn on top; allocated
+    // is drawn wide, so where it equals the exact line it shows as a rim.
     for ((_, color, dash, _), values) in series.iter().zip(&relative).rev() {
         let points: Vec<String> =
             values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", x(i), y(v)))).collect();
         if points.len() < 2 {
             continue;
         }
-        let width = if *color == LIVE_COLOR { 3.0 } else { 2.0 };
+        let width = match *color {
+            LIVE_COLOR => 2.5,
+            ALLOCATED_COLOR => 7.0,
+            _ => 2.0,
+        };
         let dash = if dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{dash}""#) };
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}"{dash} points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}"{dash} clip-path="url(#plot)" points="{}"/>"#,
             points.join(" ")
         );
     }
