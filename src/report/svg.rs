@@ -80,8 +80,10 @@ pub fn timeline(report: &Report) -> String {
         low = low.min(*v);
         high = high.max(*v);
     }
-    if high - low < 1.0 {
-        high = low + 1.0;
+    // A flat run still gets a readable axis: at least 1 KiB tall.
+    if high - low < 1024.0 {
+        let middle = (high + low) / 2.0;
+        (low, high) = ((middle - 512.0).min(low), (middle + 512.0).max(high));
     }
     let pad = (high - low) * 0.08;
     let (low, high) = (low - pad, high + pad);
