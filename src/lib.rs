@@ -37,6 +37,7 @@ pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
 pub use protocol::LeakTest;
 pub use refs::{watch, TensorRefs};
 pub use report::Report;
+pub use runtime::cuda_device_or_skip;
 pub use tch;
 pub use verdict::Verdict;
 

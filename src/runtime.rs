@@ -48,27 +48,43 @@ fn notice(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// A missing CUDA device: prints the skip line and returns, or panics when
+/// GPU_LEAK_TEST_REQUIRE_CUDA asks for CUDA.
+fn skip_or_fail(test: &str, asked: &str, error: &Error) {
+    let required = config::cuda_required().unwrap_or_else(|e| panic!("{test}: {e}"));
+    if required {
+        panic!(
+            "{test}: device = \"{asked}\" cannot run here: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a \
+             missing CUDA device fails the test instead of skipping it)"
+        );
+    }
+    let what = match error {
+        Error::NoSuchCudaDevice { index, count } => format!("no CUDA device cuda:{index} (this machine has {count})"),
+        _ => "no CUDA device".to_string(),
+    };
+    notice(&format!("skipped {test}: {what}; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead"));
+}
+
+/// For plain tests that need CUDA: the first device's index, or `None`
+/// after printing `skipped <test>: no CUDA device; ...`. With
+/// GPU_LEAK_TEST_REQUIRE_CUDA=1 a missing device panics instead.
+pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
+    match crate::probe::cuda::check_device(0) {
+        Ok(_) => Some(0),
+        Err(error) => {
+            skip_or_fail(test, "cuda", &error);
+            None
+        }
+    }
+}
+
 /// Decides what a setup error means: a skip (returns `None`) or a failure.
 fn resolve_or_skip(test: &LeakTest) -> Option<(config::Settings, Device)> {
     match test.resolve() {
         Ok(resolved) => Some(resolved),
         Err(error) if device::is_missing_device(&error) => {
-            let required = config::cuda_required().unwrap_or_else(|e| panic!("{}: {e}", test.name()));
             let asked = test.settings().map(|s| s.device.to_string()).unwrap_or_else(|_| "?".into());
-            if required {
-                panic!(
-                    "{}: device = \"{asked}\" cannot run here: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a \
-                     missing CUDA device fails the test instead of skipping it)",
-                    test.name()
-                );
-            }
-            let what = match &error {
-                Error::NoSuchCudaDevice { index, count } => {
-                    format!("no CUDA device cuda:{index} (this machine has {count})")
-                }
-                _ => "no CUDA device".to_string(),
-            };
-            notice(&format!("skipped {}: {what}; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead", test.name()));
+            skip_or_fail(test.name(), &asked, &error);
             None
         }
         Err(error) => panic!("{}: {error}", test.name()),
