@@ -162,6 +162,24 @@ fn training_loop_that_keeps_plain_numbers_is_clean(device: &str) {
     assert!(matches!(report.verdict, Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. }), "{report}");
 }
 
+fn gradients_kept_from_backward_get_the_autograd_hint(device: &str) {
+    // A fresh leaf each iteration, so backward() allocates its gradient anew;
+    // the test keeps the gradients.
+    let mut grads = Vec::new();
+    let report = leak_test("keeps_gradients", device)
+        .run(|device| {
+            let w = Tensor::ones([64], (Kind::Float, device)).set_requires_grad(true);
+            (&w * 2.0).sum(Kind::Float).backward();
+            grads.push(w.grad());
+        })
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let top = report.top_site().unwrap();
+    // On the CPU backward runs on the test's thread; on CUDA on autograd's.
+    assert!(top.inside_backward || top.on_other_thread, "{report}");
+    assert!(report.hints.iter().any(|h| h.contains("inside backward()")), "{report}");
+}
+
 fn a_buffer_whose_size_varies_is_bounded_not_a_leak(device: &str) {
     // Sizes that set new highs several times, then fall back.
     let sizes = [100i64, 300, 200, 600, 50, 900, 1200, 100, 700, 400, 1000, 300, 800];
@@ -195,6 +213,7 @@ fn a_history_grown_with_cat_is_a_leak(device: &str) {
 }
 
 on_each_device!(
+    gradients_kept_from_backward_get_the_autograd_hint,
     a_buffer_whose_size_varies_is_bounded_not_a_leak,
     a_history_grown_with_cat_is_a_leak,
     kept_tensor_is_a_leak_named_at_its_line,

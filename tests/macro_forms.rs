@@ -72,6 +72,18 @@ fn rstest_cases_run_as_leak_tests(#[case] elements: i64, device: Device) {
     assert_eq!(t.numel() as i64, elements);
 }
 
+#[rstest::fixture]
+fn batch_size() -> i64 {
+    16
+}
+
+#[gpu_leak_test(device = "cpu")]
+#[rstest]
+fn rstest_fixtures_are_injected(batch_size: i64, device: Device) {
+    let t = Tensor::zeros([batch_size, 8], (Kind::Float, device));
+    assert_eq!(t.size(), [16, 8]);
+}
+
 #[gpu_leak_test]
 fn auto_device_clean(device: Device) {
     let x = Tensor::randn([64, 64], (Kind::Float, device));
