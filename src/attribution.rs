@@ -176,11 +176,10 @@ pub fn trim_stack(frames: &[Frame]) -> Vec<Frame> {
     const KEEP_LIBRARY_RUN: usize = 3;
     // The walk starts inside the hook (this crate, the shim, inlined core
     // helpers): begin after the last such frame near the top.
-    let own_sources = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
     let start = frames
         .iter()
         .take(32)
-        .rposition(|f| is_hook_frame(f) || f.file.as_deref().is_some_and(|file| file.starts_with(own_sources)))
+        .rposition(|f| is_hook_frame(f) || f.file.as_deref().is_some_and(stacks::is_own_source))
         .map_or(0, |i| i + 1);
     let mut out = Vec::new();
     let mut seen_user = false;

@@ -134,13 +134,23 @@ impl LeakTest {
     /// that keeps every loss.
     pub fn run_with_setup<I: FnMut()>(&self, setup: impl FnOnce(Device) -> I) -> Result<Report> {
         let (settings, device) = self.resolve()?;
-        Ok(self.execute(&settings, device, |device| {
+        Ok(self.execute_setup_form(&settings, device, setup))
+    }
+
+    /// [`LeakTest::run_with_setup`] on resolved settings and device.
+    pub(crate) fn execute_setup_form<I: FnMut()>(
+        &self,
+        settings: &Settings,
+        device: Device,
+        setup: impl FnOnce(Device) -> I,
+    ) -> Report {
+        self.execute(settings, device, |device| {
             let mut iteration = setup(device);
             Ok(move || {
                 iteration();
                 Ok(())
             })
-        }))
+        })
     }
 
     /// Like [`LeakTest::run`] for a body that returns `Result`: an `Err`

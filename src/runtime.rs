@@ -127,12 +127,7 @@ fn conclude(mut report: Report, settings: &config::Settings) {
 pub fn run_body(info: TestInfo, overrides: Overrides, mut body: impl FnMut(Device)) {
     let test = info.leak_test(overrides);
     let Some((settings, device)) = resolve_or_skip(&test) else { return };
-    let report = test.execute(&settings, device, |device| {
-        Ok(move || {
-            body(device);
-            Ok(())
-        })
-    });
+    let report = test.execute_setup_form(&settings, device, move |device| move || body(device));
     conclude(report, &settings);
 }
 
@@ -140,13 +135,7 @@ pub fn run_body(info: TestInfo, overrides: Overrides, mut body: impl FnMut(Devic
 pub fn run_setup<I: FnMut()>(info: TestInfo, overrides: Overrides, setup: impl FnOnce(Device) -> I) {
     let test = info.leak_test(overrides);
     let Some((settings, device)) = resolve_or_skip(&test) else { return };
-    let report = test.execute(&settings, device, |device| {
-        let mut iteration = setup(device);
-        Ok(move || {
-            iteration();
-            Ok(())
-        })
-    });
+    let report = test.execute_setup_form(&settings, device, setup);
     conclude(report, &settings);
 }
 

@@ -170,6 +170,11 @@ const LIBRARY_PREFIXES: &[&str] = &[
     "__rust",
 ];
 
+/// True for a source file of this crate (the harness itself).
+pub fn is_own_source(file: &str) -> bool {
+    file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
+}
+
 /// Frames without a source file (C++ libtorch without debug info, libc), in
 /// the standard library, in a crate from a registry, or in this crate's own
 /// sources, are library frames.
@@ -178,12 +183,11 @@ pub fn is_library_frame(frame: &Frame) -> bool {
     if LIBRARY_PREFIXES.iter().any(|prefix| frame.function.starts_with(prefix)) {
         return true;
     }
-    let own_sources = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
     file.starts_with("/rustc/")
         || file.contains("/.cargo/registry/")
         || file.contains("/.cargo/git/")
         || file.contains("/rustlib/src/")
-        || file.starts_with(own_sources)
+        || is_own_source(file)
         || !(file.ends_with(".rs"))
 }
 

@@ -3,6 +3,7 @@
 //! `<dir>/index.html` listing every report in the folder. Each file is
 //! written to a temporary name and renamed, so a reader never sees half a
 //! file; a failed write is a warning and never changes a verdict.
+use super::format::{device_name, escape_markup as escape};
 use super::json::JsonReport;
 use super::{svg, Report};
 use crate::config::Plots;
@@ -68,7 +69,7 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// refreshed index. Errors say which file and why.
 pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let stem = file_stem(&report.test, &super::json::device_name(report.device));
+    let stem = file_stem(&report.test, &device_name(report.device));
     let wants_plot = match plots {
         Plots::All => true,
         Plots::Failing => !report.passed(),
@@ -89,10 +90,6 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
     write_atomically(&json_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
     let index = write_index(dir)?;
     Ok(ReportFiles { json: json_path, plot, index })
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// Rebuilds `index.html` from every JSON report in `dir`.

@@ -13,6 +13,20 @@ pub fn thousands(value: u64) -> String {
     out
 }
 
+/// How reports name a device: `cpu`, `cuda:0`.
+pub fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".into(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Escapes text for SVG and HTML.
+pub fn escape_markup(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 /// Runs of consecutive values in sorted `values`, as (first, last):
 /// `[1, 2, 3, 5]` → `[(1, 3), (5, 5)]`.
 pub fn consecutive_runs(values: &[u64]) -> Vec<(u64, u64)> {

@@ -1,6 +1,7 @@
 //! The machine-readable report. Its schema is documented in
 //! docs/report-schema.md; `schema_version` changes whenever a field changes
 //! meaning or goes away (adding fields keeps the version).
+use super::format::device_name;
 use super::Report;
 use crate::probe::Snapshot;
 use crate::verdict::{RetainedDuring, Verdict};
@@ -112,14 +113,6 @@ pub struct JsonReference {
     pub device: String,
     pub bytes: u64,
     pub allocated_at: Option<String>,
-}
-
-pub(crate) fn device_name(device: tch::Device) -> String {
-    match device {
-        tch::Device::Cpu => "cpu".into(),
-        tch::Device::Cuda(i) => format!("cuda:{i}"),
-        other => format!("{other:?}").to_lowercase(),
-    }
 }
 
 fn views(snapshot: &Snapshot) -> JsonViews {

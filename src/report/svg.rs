@@ -3,6 +3,7 @@
 //! the allocator's allocated and reserved bytes, and the driver's used bytes;
 //! the threshold as a line over the measured iterations; warm-up and
 //! attribution shaded.
+use super::format::{device_name, escape_markup as escape};
 use super::Report;
 use crate::verdict::Phase;
 use std::fmt::Write;
@@ -22,10 +23,6 @@ pub const DRIVER_COLOR: &str = "#8e44ad";
 pub const THRESHOLD_COLOR: &str = "#d62728";
 pub const WARMUP_SHADE: &str = "#e8e8e8";
 pub const ATTRIBUTION_SHADE: &str = "#fdf1d8";
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 /// A binary unit and a round step (1, 2 or 5 times a power of ten of that
 /// unit) that cut `range` bytes into three to eight ticks.
@@ -98,7 +95,7 @@ pub fn timeline(report: &Report) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
-    let title = format!("{} on {}: {}", report.test, super::json::device_name(report.device), report.verdict.label().replace('_', " "));
+    let title = format!("{} on {}: {}", report.test, device_name(report.device), report.verdict.label().replace('_', " "));
     let _ = writeln!(svg, r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#, escape(&title));
     let _ = writeln!(
         svg,

@@ -1,17 +1,9 @@
 //! The human-readable report: the panic message of a failing leak test.
-use super::format::{bytes, signed_bytes, thousands};
+use super::format::{bytes, device_name, signed_bytes, thousands};
 use super::{Report, Sample};
 use crate::probe::Snapshot;
 use crate::verdict::{Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
-
-fn device_name(device: tch::Device) -> String {
-    match device {
-        tch::Device::Cpu => "cpu".into(),
-        tch::Device::Cuda(i) => format!("cuda:{i}"),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
 
 /// `[1, 2, 3, 5]` → `"1-3, 5"`.
 pub(crate) fn ranges(values: &[u32]) -> String {
