@@ -4,8 +4,29 @@
 use std::env;
 use std::path::PathBuf;
 
+/// A CUDA include folder for the trace tracker, where the wheel's layout
+/// does not have one.
+const CUDA_INCLUDE_VAR: &str = "GPU_LEAK_TEST_CUDA_INCLUDE";
+
+/// The CUDA runtime headers the CUDA allocator's header needs: the variable's
+/// folder, else the PyPI wheel's `nvidia/cu13/include` beside `torch/`
+/// (runtime headers from the torch wheel's dependencies, `crt/` from
+/// nvidia-cuda-crt).
+fn cuda_runtime_headers(lib_dir: &std::path::Path) -> Option<PathBuf> {
+    let complete = |dir: &PathBuf| dir.join("cuda_runtime_api.h").is_file() && dir.join("crt/host_defines.h").is_file();
+    if let Some(dir) = env::var_os(CUDA_INCLUDE_VAR).map(PathBuf::from) {
+        return complete(&dir).then_some(dir);
+    }
+    let site_packages = lib_dir.join("../..");
+    ["nvidia/cu13/include", "nvidia/cuda_runtime/include"]
+        .iter()
+        .map(|sub| site_packages.join(sub))
+        .find(complete)
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    println!("cargo:rerun-if-env-changed={CUDA_INCLUDE_VAR}");
     let lib_dir = match env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(dir) => PathBuf::from(dir),
         Err(_) => panic!(
@@ -15,7 +36,19 @@ fn main() {
         ),
     };
     let include = lib_dir.join("../include");
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    match cuda_runtime_headers(&lib_dir) {
+        Some(cuda_include) => {
+            build.include(cuda_include).define("GLT_CUDA_TRACE", None);
+        }
+        None => println!(
+            "cargo:warning=gpu-leak-test: no CUDA runtime headers (with crt/host_defines.h) next to libtorch, so \
+             process scope cannot see CUDA allocations made on threads the test did not hook. Install them with \
+             `python -m pip install nvidia-cuda-crt==13.0.88` into the PyTorch environment (scripts/env.sh does), \
+             or point {CUDA_INCLUDE_VAR} at a CUDA include folder."
+        ),
+    }
+    build
         .cpp(true)
         .pic(true)
         .std("c++17")

@@ -6,6 +6,7 @@
 // CUDA toolkit: the CUDA side of libtorch is reached at run time through its
 // registered allocator and device guard, and through dlsym.
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -13,9 +14,18 @@
 
 #include <dlfcn.h>
 
+// The CUDA trace tracker needs the CUDA allocator's class, whose header pulls
+// in the CUDA runtime headers. build.rs defines GLT_CUDA_TRACE where it finds
+// them (the torch wheel's nvidia/cu13/include plus nvidia-cuda-crt); without
+// them process scope sees CUDA through nothing and says so at run time.
+#ifdef GLT_CUDA_TRACE
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <string>
@@ -235,6 +245,177 @@ char* glt_hook_pop() {
       throw std::runtime_error(
           "the innermost profiler state on this thread is not a gpu-leak-test hook");
     }
+  });
+}
+
+// ---- Process-wide sources ------------------------------------------------
+//
+// The per-thread hook sees only threads it was pushed on. These two sources
+// see every thread of the process: a counting wrapper around the CPU
+// allocator, and the CUDA caching allocator's trace tracker. Both report to
+// one sink, set while a process-scope observer is active.
+
+// Called for every allocation (size > 0) and free (size < 0; the size may be
+// -1 where the source does not know it) on any thread. It must not unwind.
+// The CUDA tracker calls it with the per-device allocator lock held.
+typedef void (*glt_process_event_fn)(void* ptr, int64_t size, int32_t device_type, int32_t device_index);
+
+namespace {
+std::atomic<glt_process_event_fn> process_sink{nullptr};
+
+void report_process_event(void* ptr, int64_t size, c10::DeviceType type, int32_t index) {
+  glt_process_event_fn sink = process_sink.load(std::memory_order_acquire);
+  if (sink != nullptr) {
+    sink(ptr, size, static_cast<int32_t>(type), index);
+  }
+}
+
+// Wraps the CPU allocator that was current when it was installed. Blocks
+// keep the wrapped allocator's deleter: a raw block (context == data, as
+// DefaultCPUAllocator makes them) gets a counting raw deleter that calls the
+// original, so raw_allocate/raw_deallocate keep working; any other block gets
+// a small context that remembers the original context and deleter.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {
+    inner_raw_deleter_ = inner->raw_deleter();
+  }
+
+  c10::DataPtr allocate(size_t bytes) override {
+    c10::DataPtr block = inner_->allocate(bytes);
+    void* data = block.get();
+    if (data == nullptr) {
+      return block;
+    }
+    c10::Device device = block.device();
+    report_process_event(data, static_cast<int64_t>(bytes), c10::DeviceType::CPU, -1);
+    if (inner_raw_deleter_ != nullptr && block.get_context() == data &&
+        block.get_deleter() == inner_raw_deleter_) {
+      block.release_context();
+      return {data, data, &delete_raw, device};
+    }
+    auto* wrapped = new Wrapped{data, block.get_context(), block.get_deleter()};
+    block.release_context();
+    return {data, wrapped, &delete_wrapped, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return inner_raw_deleter_ != nullptr ? &delete_raw : nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+
+ private:
+  struct Wrapped {
+    void* data;
+    void* context;
+    c10::DeleterFnPtr deleter;
+  };
+
+  static void delete_raw(void* data) {
+    report_process_event(data, -1, c10::DeviceType::CPU, -1);
+    raw_deleter_of_installed()(data);
+  }
+
+  static void delete_wrapped(void* context) {
+    auto* wrapped = static_cast<Wrapped*>(context);
+    report_process_event(wrapped->data, -1, c10::DeviceType::CPU, -1);
+    if (wrapped->deleter != nullptr) {
+      wrapped->deleter(wrapped->context);
+    }
+    delete wrapped;
+  }
+
+  static c10::DeleterFnPtr raw_deleter_of_installed();
+
+  c10::Allocator* inner_;
+  c10::DeleterFnPtr inner_raw_deleter_ = nullptr;
+};
+
+// Installed once and never freed: blocks it handed out call its deleters for
+// as long as the process lives.
+std::atomic<CountingCpuAllocator*> counting_cpu_allocator{nullptr};
+std::atomic<c10::DeleterFnPtr> installed_inner_raw_deleter{nullptr};
+
+c10::DeleterFnPtr CountingCpuAllocator::raw_deleter_of_installed() {
+  return installed_inner_raw_deleter.load(std::memory_order_acquire);
+}
+
+#ifdef GLT_CUDA_TRACE
+// The trace gives the size asked for; the per-thread hook and the
+// allocator's allocated-bytes count give the block's, rounded up to the
+// caching allocator's 512-byte granule. Round the same way so both scopes
+// count alike (blocks over 1 MiB can keep an unsplit remainder of up to
+// 1 MiB that only the block size shows).
+int64_t block_size(size_t requested) {
+  constexpr size_t kMinBlockSize = 512;
+  return static_cast<int64_t>(requested < kMinBlockSize ? kMinBlockSize
+                                                        : (requested + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize);
+}
+
+void on_cuda_trace(const c10::CachingDeviceAllocator::TraceEntry& entry) {
+  using Action = c10::CachingDeviceAllocator::TraceEntry::Action;
+  void* ptr = reinterpret_cast<void*>(entry.addr_);
+  if (entry.action_ == Action::ALLOC) {
+    report_process_event(ptr, block_size(entry.size_), c10::DeviceType::CUDA, entry.device_);
+  } else if (entry.action_ == Action::FREE_COMPLETED) {
+    report_process_event(ptr, -static_cast<int64_t>(entry.size_), c10::DeviceType::CUDA, entry.device_);
+  }
+}
+#endif
+}  // namespace
+
+// Sets (or, with nullptr, clears) the sink both process-wide sources report to.
+void glt_process_set_sink(glt_process_event_fn sink) { process_sink.store(sink, std::memory_order_release); }
+
+// Installs the counting CPU allocator once; later calls do nothing. *installed
+// is 1 when the CPU allocator in force is the counting one.
+char* glt_process_install_cpu(int* installed) {
+  return guarded([&] {
+    *installed = 0;
+    if (counting_cpu_allocator.load() == nullptr) {
+      c10::Allocator* inner = c10::GetCPUAllocator();
+      auto* counting = new CountingCpuAllocator(inner);
+      installed_inner_raw_deleter.store(inner->raw_deleter(), std::memory_order_release);
+      counting_cpu_allocator.store(counting, std::memory_order_release);
+      // SetCPUAllocator ignores an allocator of lower priority than the one
+      // in force, and the priority in force cannot be read: try the default
+      // first, then the highest.
+      c10::SetCPUAllocator(counting, 0);
+      if (c10::GetCPUAllocator() != counting) {
+        c10::SetCPUAllocator(counting, 255);
+      }
+    }
+    *installed = c10::GetCPUAllocator() == counting_cpu_allocator.load() ? 1 : 0;
+  });
+}
+
+// Turns the CUDA caching allocator's history recording on or off, attaching
+// the trace tracker the first time. *available is 0 where this build has no
+// CUDA headers or libtorch_cuda is not loaded; an allocator that cannot
+// record history (cudaMallocAsync) throws, and the message comes back.
+char* glt_process_cuda_trace(int enable, int* available) {
+  return guarded([&] {
+    *available = 0;
+#ifdef GLT_CUDA_TRACE
+    if (torch_cuda_handle == nullptr) {
+      return;
+    }
+    // The device-generic allocator registered for CUDA is the CUDA caching
+    // allocator; static_cast needs no CUDA library symbol at link time.
+    auto* allocator =
+        static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(cuda_allocator());
+    static bool attached = false;
+    if (!attached) {
+      allocator->attachAllocatorTraceTracker(&on_cuda_trace);
+      attached = true;
+    }
+    using c10::CachingDeviceAllocator::RecordContext;
+    allocator->recordHistory(enable != 0, nullptr, 1, RecordContext::NEVER, false, {});
+    *available = 1;
+#endif
   });
 }
 

@@ -7,6 +7,10 @@
 # clone on the machine shares one 4.6 GB install. Override its parent folder
 # with GPU_LEAK_TEST_CACHE_DIR.
 TORCH_VERSION=2.11.0
+# The CUDA runtime headers' crt/ folder, which the torch wheel's own CUDA
+# packages leave out; the shim needs it to compile the CUDA trace tracker
+# (process scope). Headers only: about 1 MB.
+CUDA_CRT=nvidia-cuda-crt==13.0.88
 _cache_root=${GPU_LEAK_TEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-leak-test}
 GPU_LEAK_TEST_VENV=$_cache_root/torch-$TORCH_VERSION
 
@@ -21,10 +25,15 @@ if [ "$(cat "$(_torch_dir)/version.py" 2>/dev/null | sed -n "s/^__version__ = '\
     # install is never mistaken for a finished one.
     _tmp_venv=$(mktemp -d "$_cache_root/.venv-XXXXXX")
     python3 -m venv "$_tmp_venv" &&
-        "$_tmp_venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" &&
+        "$_tmp_venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "$CUDA_CRT" &&
         rm -rf "$GPU_LEAK_TEST_VENV" &&
         mv "$_tmp_venv" "$GPU_LEAK_TEST_VENV" ||
         { echo "gpu-leak-test: installing torch failed; see the pip output above" >&2; rm -rf "$_tmp_venv"; return 1 2>/dev/null || exit 1; }
+fi
+# Caches made before the trace tracker existed lack crt/; add it in place.
+if [ ! -f "$(_torch_dir)/../nvidia/cu13/include/crt/host_defines.h" ]; then
+    "$GPU_LEAK_TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$CUDA_CRT" ||
+        echo "gpu-leak-test: warning: could not install $CUDA_CRT; process scope will not see CUDA" >&2
 fi
 
 export PATH="$GPU_LEAK_TEST_VENV/bin:$PATH"
@@ -32,5 +41,5 @@ export LIBTORCH_USE_PYTORCH=1
 export LIBTORCH_BYPASS_VERSION_CHECK=${LIBTORCH_BYPASS_VERSION_CHECK:-0}
 _torch_lib=$(_torch_dir)/lib
 export LD_LIBRARY_PATH="$_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset _cache_root _tmp_venv _torch_lib
+unset _cache_root _tmp_venv _torch_lib CUDA_CRT
 unset -f _torch_dir

@@ -26,6 +26,7 @@ pub(crate) struct RawAllocatorStats {
 pub(crate) type EventFn = extern "C" fn(*mut c_void, *mut c_void, i64, i32, i32);
 pub(crate) type OomFn = extern "C" fn(*mut c_void, i64, i32, i32);
 pub(crate) type ReleaseFn = extern "C" fn(*mut c_void);
+pub(crate) type ProcessEventFn = extern "C" fn(*mut c_void, i64, i32, i32);
 
 extern "C" {
     fn glt_free_string(text: *mut c_char);
@@ -44,6 +45,9 @@ extern "C" {
         context: *mut c_void,
     ) -> *mut c_char;
     pub(crate) fn glt_hook_pop() -> *mut c_char;
+    pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
+    pub(crate) fn glt_process_install_cpu(installed: *mut c_int) -> *mut c_char;
+    pub(crate) fn glt_process_cuda_trace(enable: c_int, available: *mut c_int) -> *mut c_char;
 }
 
 /// Takes ownership of a string the shim allocated (null is fine).

@@ -73,9 +73,14 @@ pub struct LiveAllocation {
     /// The tag that was current when it was allocated (the harness uses the
     /// iteration number).
     pub tag: u32,
-    /// False when libtorch allocated it on another thread that carried the
-    /// hook, such as an autograd thread during `backward()`.
+    /// False when libtorch allocated it on another thread: one that carried
+    /// the hook (an autograd thread during `backward()`, a thread the test
+    /// brought in), or, in process scope, any thread of the process.
     pub on_owner_thread: bool,
+    /// The allocating thread's name where it is not the owner: the Rust name
+    /// where it has one, else the operating system's (`pt_autograd_0`), else
+    /// `None`.
+    pub thread: Option<String>,
     pub stack: Stack,
 }
 
@@ -107,6 +112,19 @@ fn thread_token() -> usize {
     THREAD_TOKEN.with(|token| token as *const u8 as usize)
 }
 
+/// The current thread's name: Rust's (full length), else the one the
+/// operating system keeps (C++ threads such as autograd's name themselves).
+fn current_thread_name() -> Option<String> {
+    if let Some(name) = std::thread::current().name() {
+        return Some(name.to_string());
+    }
+    let mut buffer = [0u8; 64];
+    // SAFETY: the buffer is writable for its whole length, which is passed.
+    let status = unsafe { libc::pthread_getname_np(libc::pthread_self(), buffer.as_mut_ptr().cast(), buffer.len()) };
+    let name = std::ffi::CStr::from_bytes_until_nul(&buffer).ok()?.to_string_lossy().into_owned();
+    (status == 0 && !name.is_empty()).then_some(name)
+}
+
 /// A block the tracker saw allocated and has not seen freed.
 struct Block {
     bytes: u64,
@@ -115,7 +133,7 @@ struct Block {
     recorded: Option<Box<LiveAllocation>>,
 }
 
-struct TrackerState {
+pub(super) struct TrackerState {
     slots: [Slot; SLOTS],
     /// Every live block by address. Frees count only for blocks in here:
     /// libtorch also reports frees of blocks allocated before the hook or on
@@ -142,7 +160,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl TrackerState {
-    fn on_event(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
+    pub(super) fn on_event(&self, address: usize, size: i64, device_type: i32, device_index: i32) {
         if size > 0 {
             self.on_allocation(address, size as u64, device_type, device_index);
         } else if size < 0 {
@@ -161,6 +179,7 @@ impl TrackerState {
                 device: device_of_raw(device_type, device_index),
                 tag: self.tag.load(Relaxed),
                 on_owner_thread: !other_thread,
+                thread: if other_thread { current_thread_name() } else { None },
                 stack: Stack::capture(self.max_frames),
             })
         });
@@ -221,7 +240,7 @@ extern "C" fn on_release(context: *mut c_void) {
 /// tracker is entered on. Cloning gives another handle to the same counts.
 #[derive(Clone)]
 pub struct Tracker {
-    state: Arc<TrackerState>,
+    pub(super) state: Arc<TrackerState>,
 }
 
 impl Default for Tracker {
@@ -323,6 +342,24 @@ impl Tracker {
             lock(&self.state.blocks).values().filter_map(|b| b.recorded.as_deref().cloned()).collect();
         survivors.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.tag.cmp(&b.tag)).then(a.address.cmp(&b.address)));
         survivors
+    }
+
+    /// Live bytes of the recorded blocks, summed per distinct stack: one
+    /// entry per allocation site, for following each site's level from one
+    /// iteration to the next.
+    /// Keyed by the device's name (`Cpu`, `Cuda(0)`) and the stack.
+    pub fn recorded_bytes_by_stack(&self) -> HashMap<(String, Vec<usize>), u64> {
+        let mut by_stack: HashMap<(String, Vec<usize>), u64> = HashMap::new();
+        for recorded in lock(&self.state.blocks).values().filter_map(|b| b.recorded.as_deref()) {
+            *by_stack.entry((format!("{:?}", recorded.device), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
+        }
+        by_stack
+    }
+
+    /// Forgets every block (counts stay): for a tracker no longer fed.
+    pub(super) fn forget_blocks(&self) {
+        let blocks = std::mem::take(&mut *lock(&self.state.blocks));
+        drop(blocks);
     }
 
     /// Forgets the stacks recorded so far (the blocks stay counted).

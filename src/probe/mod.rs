@@ -3,6 +3,7 @@
 //! them for one device at one moment.
 pub mod cuda;
 pub mod hook;
+pub mod process;
 pub mod stacks;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod unwind;

@@ -173,6 +173,7 @@ const LIBRARY_PREFIXES: &[&str] = &[
 /// True for a source file of this crate (the harness itself).
 pub fn is_own_source(file: &str) -> bool {
     file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
+        || file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/csrc/"))
 }
 
 /// Frames without a source file (C++ libtorch without debug info, libc), in

@@ -1,0 +1,158 @@
+//! Process scope: every allocation and free of the process, from any thread,
+//! fed into one [`Tracker`].
+//!
+//! Two sources report to it: a counting wrapper around libtorch's CPU
+//! allocator (installed once, it keeps the wrapped allocator's deleters), and
+//! the CUDA caching allocator's trace tracker (history recording is on only
+//! while an observation is open). Thread-scope tests open a shared
+//! observation too and read it as the device-global view, to notice growth
+//! that their hooked threads do not explain.
+use super::hook::{Tracker, TrackerState};
+use crate::error::{Error, Result};
+use crate::ffi;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The tracker the sink feeds; null while no observation is open. The
+/// pointee is kept alive by `Observer::tracker` while set, and by the
+/// graveyard afterwards (an event can still be in flight when it is unset).
+static SINK_TARGET: AtomicPtr<TrackerState> = AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn on_process_event(ptr: *mut c_void, size: i64, device_type: i32, device_index: i32) {
+    let target = SINK_TARGET.load(Ordering::Acquire);
+    if target.is_null() {
+        return;
+    }
+    // SAFETY: a tracker state, once published here, is never freed (see
+    // `close`), so the pointer stays valid even after it is unset.
+    let state = unsafe { &*target };
+    // Unwinding into libtorch would abort the process; drop the event instead.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.on_event(ptr as usize, size, device_type, device_index)
+    }));
+}
+
+/// Which process-wide sources are feeding the observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Coverage {
+    /// The counting CPU allocator is the CPU allocator in force.
+    pub cpu: bool,
+    /// The CUDA trace tracker records; `Err` says why not (no CUDA device,
+    /// a build without CUDA headers, an allocator without history).
+    pub cuda: std::result::Result<(), String>,
+}
+
+struct Observer {
+    /// Open observations; the sources run while it is above zero.
+    users: usize,
+    tracker: Option<Tracker>,
+    coverage: Coverage,
+}
+
+static OBSERVER: Mutex<Observer> =
+    Mutex::new(Observer { users: 0, tracker: None, coverage: Coverage { cpu: false, cuda: Ok(()) } });
+/// Tracker states that were published to the sink, kept so that an event in
+/// flight when they were unset never reads freed memory. Their block maps
+/// are emptied: what stays is a few hundred bytes per observation.
+static GRAVEYARD: Mutex<Vec<Tracker>> = Mutex::new(Vec::new());
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn install_cpu() -> Result<bool> {
+    let mut installed: c_int = 0;
+    // SAFETY: the out-pointer is valid for the call.
+    ffi::check("glt_process_install_cpu", unsafe { ffi::glt_process_install_cpu(&mut installed) })?;
+    Ok(installed == 1)
+}
+
+fn cuda_trace(enable: bool) -> std::result::Result<(), String> {
+    if !super::cuda::is_available() {
+        return Err("no CUDA device".into());
+    }
+    let mut available: c_int = 0;
+    // SAFETY: the out-pointer is valid for the call.
+    let error = unsafe { ffi::glt_process_cuda_trace(c_int::from(enable), &mut available) };
+    ffi::check("glt_process_cuda_trace", error).map_err(|e| e.to_string())?;
+    if available == 1 {
+        Ok(())
+    } else {
+        Err("this build of gpu-leak-test found no CUDA runtime headers (see the build warning)".into())
+    }
+}
+
+impl Default for Coverage {
+    fn default() -> Self {
+        Coverage { cpu: false, cuda: Err("not observed".into()) }
+    }
+}
+
+/// An open observation: while it lives, the process-wide sources feed its
+/// tracker. Observations opened at the same time share one tracker.
+pub struct Observation {
+    tracker: Tracker,
+    coverage: Coverage,
+}
+
+impl Observation {
+    /// Opens an observation, starting the sources if none was open. `fresh`
+    /// asks for a tracker of its own, owned by the calling thread: it
+    /// fails if another observation is open (process-scope tests hold an
+    /// exclusive lock first, so none is).
+    pub fn open(fresh: bool) -> Result<Observation> {
+        let mut observer = lock(&OBSERVER);
+        if fresh && observer.users > 0 {
+            return Err(Error::Hook {
+                message: "a process-scope observation needs the process to itself, and another leak test is \
+                          measuring"
+                    .into(),
+            });
+        }
+        if observer.users == 0 {
+            let cpu = install_cpu()?;
+            // The CUDA allocator must exist before history can be switched on.
+            if super::cuda::is_available() {
+                // Best effort, and never a panic while the observer is locked.
+                let _ = std::panic::catch_unwind(|| super::cuda::prewarm(0));
+            }
+            let tracker = Tracker::new();
+            SINK_TARGET.store(Arc::as_ptr(&tracker.state) as *mut TrackerState, Ordering::Release);
+            // SAFETY: the sink is a plain extern "C" function that never unwinds.
+            unsafe { ffi::glt_process_set_sink(Some(on_process_event)) };
+            let cuda = cuda_trace(true);
+            observer.coverage = Coverage { cpu, cuda };
+            observer.tracker = Some(tracker);
+        }
+        observer.users += 1;
+        Ok(Observation { tracker: observer.tracker.clone().expect("set while users > 0"), coverage: observer.coverage.clone() })
+    }
+
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    pub fn coverage(&self) -> &Coverage {
+        &self.coverage
+    }
+}
+
+impl Drop for Observation {
+    fn drop(&mut self) {
+        let mut observer = lock(&OBSERVER);
+        observer.users -= 1;
+        if observer.users > 0 {
+            return;
+        }
+        SINK_TARGET.store(std::ptr::null_mut(), Ordering::Release);
+        if observer.coverage.cuda.is_ok() {
+            let _ = cuda_trace(false);
+        }
+        if let Some(tracker) = observer.tracker.take() {
+            tracker.forget_blocks();
+            lock(&GRAVEYARD).push(tracker);
+        }
+    }
+}
