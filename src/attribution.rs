@@ -26,8 +26,14 @@ pub struct Site {
     pub iterations: Vec<u32>,
     /// Allocated inside `backward()`.
     pub inside_backward: bool,
-    /// Allocated on another thread (an autograd device thread).
+    /// Allocated on another thread (an autograd device thread, or in
+    /// process scope any thread besides the test's).
     pub on_other_thread: bool,
+    /// The device its survivors live on.
+    pub device: Device,
+    /// The name of the thread that allocated them, where it is not the
+    /// test's own (see [`crate::probe::LiveAllocation::thread`]).
+    pub thread: Option<String>,
     /// A trimmed stack of one of its allocations, innermost first.
     pub stack: Vec<Frame>,
     /// The reason of the suppression in `gpu-leak-test.yaml` that matches it.
@@ -57,19 +63,20 @@ impl Attribution {
         self.sites.iter().map(|s| s.bytes).sum()
     }
 
-    /// True when something allocated before the last attribution iteration
-    /// is still alive: memory kept across iterations, the mark of a leak.
-    pub fn kept_across_iterations(&self) -> bool {
-        self.sites.iter().any(|s| s.iterations.iter().any(|&i| i < self.iterations))
+    /// True when something allocated on `device` before the last
+    /// attribution iteration is still alive: memory kept across iterations,
+    /// the mark of a leak.
+    pub fn kept_across_iterations(&self, device: Device) -> bool {
+        self.sites.iter().filter(|s| s.device == device).any(|s| s.iterations.iter().any(|&i| i < self.iterations))
     }
 
-    /// Marks the sites a suppression matches (a glob on `file:line`, on the
-    /// function, or on the line that called a helper) and returns their
-    /// bytes per iteration.
-    pub fn apply_suppressions(&mut self, suppressions: &[crate::config::Suppression]) -> f64 {
+    /// Marks the sites on `device` a suppression matches (a glob on
+    /// `file:line`, on the function, or on the line that called a helper)
+    /// and returns their bytes per iteration.
+    pub fn apply_suppressions(&mut self, device: Device, suppressions: &[crate::config::Suppression]) -> f64 {
         use crate::config_file::glob_match;
         let mut suppressed = 0.0;
-        for site in &mut self.sites {
+        for site in self.sites.iter_mut().filter(|s| s.device == device) {
             let names = [&site.location, &site.function, &site.called_from];
             let hit = suppressions.iter().find(|s| {
                 names.iter().any(|name| name.as_deref().is_some_and(|n| glob_match(&s.site, n)))
@@ -84,12 +91,12 @@ impl Attribution {
     }
 }
 
-/// Groups `survivors` on `device`, allocated with tags `1..=iterations`.
+/// Groups `survivors` (every device), allocated with tags `1..=iterations`.
 /// `root` is the manifest folder of the crate under test, for short paths.
-pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, root: &Path) -> Attribution {
+pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> Attribution {
     let mut symbolizer = Symbolizer::new();
     let mut sites: BTreeMap<String, Site> = BTreeMap::new();
-    for survivor in survivors.iter().filter(|s| s.device == device) {
+    for survivor in survivors {
         let frames = symbolizer.resolve(&survivor.stack);
         let inside_backward = stacks::is_inside_backward(&frames);
         let user_index = frames.iter().position(|f| !stacks::is_library_frame(f));
@@ -103,17 +110,22 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
             })
             .and_then(|f| f.location())
             .map(|l| stacks::relative_to(&l, root));
+        let on_thread = match (&survivor.thread, inside_backward) {
+            (Some(thread), false) => format!(" on thread `{thread}`"),
+            (None, false) if !survivor.on_owner_thread => " on another thread".to_string(),
+            _ => String::new(),
+        };
         let description = match (&location, inside_backward, survivor.on_owner_thread) {
             (Some(location), _, _) => {
                 let caller = called_from.as_deref().map(|c| format!(", called from {c}")).unwrap_or_default();
-                format!("{location} in {}{caller}", function.as_deref().unwrap_or("?"))
+                format!("{location} in {}{caller}{on_thread}", function.as_deref().unwrap_or("?"))
             }
             (None, true, _) | (None, _, false) => {
                 "allocated by an autograd thread during backward() (no frame of yours on its stack)".to_string()
             }
             (None, false, true) => "allocated in library code with no frame of yours on the stack".to_string(),
         };
-        let key = format!("{description}|{inside_backward}");
+        let key = format!("{:?}|{description}|{inside_backward}", survivor.device);
         let site = sites.entry(key).or_insert_with(|| Site {
             location,
             function,
@@ -125,6 +137,8 @@ pub fn attribute(survivors: &[LiveAllocation], device: Device, iterations: u32, 
             iterations: Vec::new(),
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
+            device: survivor.device,
+            thread: survivor.thread.clone(),
             suppressed_by: None,
             addresses: Vec::new(),
             stack: trim_stack(&frames)
@@ -168,6 +182,10 @@ fn is_hook_frame(frame: &Frame) -> bool {
         || f.starts_with("core::ops::function")
         || f.contains("RustHook")
         || f.contains("reportMemoryUsage")
+        || f.contains("report_process_event")
+        || f.contains("CountingCpuAllocator")
+        || f.contains("on_cuda_trace")
+        || f.contains("std::function<void (c10::CachingDeviceAllocator::TraceEntry const&)>")
 }
 
 /// Keeps a stack readable: drops the hook's own frames, folds long runs of

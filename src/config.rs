@@ -80,6 +80,8 @@ pub struct Overrides {
     pub device: Option<String>,
     pub peak_mb: Option<f64>,
     pub attribution_iterations: Option<u32>,
+    /// `"auto"`, `"thread"` or `"process"`; see [`crate::scope`].
+    pub scope: Option<String>,
 }
 
 /// Fully resolved settings of one leak test.
@@ -91,6 +93,7 @@ pub struct Settings {
     pub threshold_mb: f64,
     pub peak_mb: Option<f64>,
     pub attribution_iterations: u32,
+    pub scope: crate::scope::Scope,
     /// Where JSON reports and plots go; `None` for `target/gpu-leak-test`.
     pub report_dir: Option<std::path::PathBuf>,
     pub plots: Plots,
@@ -106,6 +109,7 @@ impl Default for Settings {
             threshold_mb: DEFAULT_THRESHOLD_MB,
             peak_mb: None,
             attribution_iterations: DEFAULT_ATTRIBUTION_ITERATIONS,
+            scope: crate::scope::Scope::Auto,
             report_dir: None,
             plots: Plots::default(),
             suppressions: Vec::new(),
@@ -208,6 +212,14 @@ impl Settings {
         )
         .unwrap_or_else(|| (String::new(), "auto".into()));
         let device = device.1.parse().map_err(|message| Error::Config { source: device.0, message })?;
+        let scope = first(
+            attribute.scope.clone().map(|v| (attr("scope"), v)),
+            from_env("GPU_LEAK_TEST_SCOPE")?,
+            fs.scope.clone().map(|v| (file.map(|f| f.source("scope")).unwrap_or_default(), v)),
+        )
+        .map(|(source, text)| text.parse().map_err(|message| Error::Config { source, message }))
+        .transpose()?
+        .unwrap_or_default();
         let report_dir = match from_env("GPU_LEAK_TEST_REPORT_DIR")? {
             Some((_, dir)) => Some(std::path::PathBuf::from(dir)),
             None => file.and_then(|f| f.settings.report_dir.as_ref().map(|dir| f.folder.join(dir))),
@@ -223,6 +235,7 @@ impl Settings {
             threshold_mb,
             peak_mb,
             attribution_iterations: attribution_iterations.map(|(_, v)| v).unwrap_or(defaults.attribution_iterations),
+            scope,
             report_dir,
             plots,
             suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),

@@ -34,6 +34,8 @@ pub struct FileSettings {
     pub peak_mb: Option<f64>,
     pub device: Option<String>,
     pub attribution_iterations: Option<u32>,
+    /// `auto`, `thread` or `process`.
+    pub scope: Option<String>,
     /// Relative to the file's folder.
     pub report_dir: Option<String>,
     pub plots: Option<Plots>,
@@ -178,6 +180,11 @@ impl ConfigFile {
                     .parse::<DeviceChoice>()
                     .map_err(|m| error(line_of(text, "device", Some(device)), format!("{section}.device: {m}")))?;
             }
+            if let Some(scope) = &s.scope {
+                scope
+                    .parse::<crate::scope::Scope>()
+                    .map_err(|m| error(line_of(text, "scope", Some(scope)), format!("{section}.scope: {m}")))?;
+            }
         }
         for (i, suppression) in config.suppressions.iter().enumerate() {
             if suppression.reason.trim().is_empty() {
@@ -225,7 +232,7 @@ impl ConfigFile {
                     }
                 )*};
             }
-            take!(iterations, warmup, threshold_mb, peak_mb, device, attribution_iterations, report_dir, plots);
+            take!(iterations, warmup, threshold_mb, peak_mb, device, attribution_iterations, scope, report_dir, plots);
         };
         apply(&self.defaults, "defaults".into());
         for (i, o) in self.overrides.iter().enumerate() {

@@ -27,6 +27,8 @@ pub mod protocol;
 pub mod refs;
 pub mod report;
 mod runtime;
+pub mod scope;
+mod threads;
 pub mod verdict;
 
 pub use config::{Overrides, Settings};
@@ -38,6 +40,7 @@ pub use protocol::LeakTest;
 pub use refs::{watch, TensorRefs};
 pub use report::Report;
 pub use runtime::cuda_device_or_skip;
+pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard};
 pub use tch;
 pub use verdict::Verdict;
 

@@ -4,9 +4,12 @@ use crate::attribution::{self, Attribution};
 use crate::config::{Overrides, Settings};
 use crate::device;
 use crate::error::Result;
+use crate::probe::process::{Coverage, Observation};
 use crate::probe::{Snapshot, Tracker};
-use crate::report::{Report, RunSettings, Sample};
-use crate::verdict::{self, Growth, Phase, RetainedDuring, Series, Verdict};
+use crate::report::{DeviceResult, Report, RunSettings, Sample};
+use crate::scope::{ResolvedScope, Runner};
+use crate::threads::TestThreads;
+use crate::verdict::{self, Phase, RetainedDuring, Series, Verdict};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -73,6 +76,13 @@ impl LeakTest {
     /// Budget for the highest live bytes, in MiB.
     pub fn peak_mb(mut self, mb: f64) -> Self {
         self.overrides.peak_mb = Some(mb);
+        self
+    }
+
+    /// `"auto"` (default), `"thread"` or `"process"`: whose allocations
+    /// count (see [`crate::scope`]); checked when the test runs.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.overrides.scope = Some(scope.into());
         self
     }
 
@@ -171,58 +181,103 @@ impl LeakTest {
         I: FnMut() -> std::result::Result<(), String>,
     {
         let started = Instant::now();
+        let scope = settings.scope.resolve(Runner::detect());
+        // Lock order: scope, then device, for every leak test.
+        let _scope_lock = crate::scope::lock(scope);
         let _device_lock = device::lock_device(device);
         if let Device::Cuda(index) = device {
             // Best effort: a failure here shows up again, with context, in
             // the test's own first CUDA call.
             let _ = crate::probe::cuda::prewarm(index);
         }
-        let tracker = Tracker::new();
-        let mut run = Run {
-            test: self,
-            settings,
-            device,
-            tracker: &tracker,
-            series: Series::default(),
-            samples: Vec::new(),
-            before: None,
-            after: None,
-            peak_bytes: 0,
-            references: Vec::new(),
-        };
-        let hook = match tracker.enter() {
-            Ok(hook) => hook,
-            Err(e) => {
-                return run.finish(
-                    Verdict::Panicked { phase: Phase::Setup, iteration: 0, message: e.to_string() },
-                    None,
-                    started,
-                )
+        // Process scope counts through the process-wide sources alone;
+        // thread scope counts through the hook and reads the process-wide
+        // sources as the device-global view.
+        let observation = Observation::open(scope.is_process());
+        let (tracker, global) = match (scope, &observation) {
+            (ResolvedScope::Process { .. }, Ok(observation)) => (observation.tracker().clone(), None),
+            (ResolvedScope::Process { .. }, Err(e)) => {
+                let run = Run::new(self, settings, device, scope, Tracker::new(), None);
+                let message = format!("process scope is not available here: {e}; use scope = \"thread\"");
+                return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
             }
+            (ResolvedScope::Thread, Ok(observation)) => (Tracker::new(), Some(observation.tracker().clone())),
+            (ResolvedScope::Thread, Err(_)) => (Tracker::new(), None),
         };
+        let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
+        let mut run = Run::new(self, settings, device, scope, tracker.clone(), global);
+        run.notes = coverage_notes(scope, &coverage, &run.devices);
+        let hook = match scope {
+            ResolvedScope::Thread => match tracker.enter() {
+                Ok(hook) => Some(hook),
+                Err(e) => {
+                    let message = e.to_string();
+                    return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
+                }
+            },
+            ResolvedScope::Process { .. } => None,
+        };
+        let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
+        let current = threads.set_current();
         let outcome = run.measure(setup);
+        drop(current);
         drop(hook);
-        let (verdict, attribution) = match outcome {
-            Ok(found) => found,
-            Err(stopped) => (stopped, None),
-        };
-        run.finish(verdict, attribution, started)
+        match outcome {
+            Ok(()) => run.finish(started),
+            Err(stopped) => run.stop(stopped, started),
+        }
     }
+}
+
+/// What the report says about the scope and what it could see.
+fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let ResolvedScope::Process { alongside_other_tests: true } = scope {
+        notes.push(
+            "process scope under `cargo test`'s parallel threads: leak tests run one at a time, but other tests \
+             running meanwhile are counted too. Run with `--test-threads=1` or under `cargo nextest run` if a site \
+             below is not this test's."
+                .to_string(),
+        );
+    }
+    if scope.is_process() {
+        if !coverage.cpu {
+            notes.push("the counting CPU allocator could not be installed: host memory was not counted".into());
+        }
+        if let (Err(why), true) = (&coverage.cuda, devices.iter().any(|d| d.is_cuda())) {
+            notes.push(format!("CUDA allocations were not counted in process scope: {why}"));
+        }
+    }
+    notes
 }
 
 /// State of one run of the protocol.
 struct Run<'a> {
     test: &'a LeakTest,
     settings: &'a Settings,
+    /// Where the body runs.
     device: Device,
-    tracker: &'a Tracker,
-    series: Series,
+    scope: ResolvedScope,
+    tracker: Tracker,
+    /// The device-global view in thread scope.
+    global: Option<Tracker>,
+    /// The devices whose memory is followed: the CPU and every CUDA device.
+    devices: Vec<Device>,
+    /// Live bytes per device before setup.
+    start: Vec<i64>,
     samples: Vec<Sample>,
+    /// Live bytes per device (as in `devices`) at each sample.
+    levels: Vec<Vec<i64>>,
+    global_levels: Vec<Vec<i64>>,
     before: Option<Snapshot>,
     after: Option<Snapshot>,
-    /// Highest live bytes over setup, warm-up and measured iterations.
+    /// Highest live bytes on the body's device over setup, warm-up and
+    /// measured iterations.
     peak_bytes: i64,
+    verdicts: Vec<Verdict>,
+    attribution: Option<Attribution>,
     references: Vec<crate::refs::Reference>,
+    notes: Vec<String>,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -241,11 +296,81 @@ fn is_out_of_memory(message: &str) -> bool {
     m.contains("out of memory") || m.contains("defaultcpuallocator: can't allocate memory")
 }
 
-impl Run<'_> {
+/// The CPU first, then every CUDA device of the machine.
+fn followed_devices(body: Device) -> Vec<Device> {
+    let mut devices = vec![Device::Cpu];
+    devices.extend((0..crate::probe::cuda::device_count()).map(Device::Cuda));
+    if !devices.contains(&body) {
+        devices.push(body);
+    }
+    devices
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        test: &'a LeakTest,
+        settings: &'a Settings,
+        device: Device,
+        scope: ResolvedScope,
+        tracker: Tracker,
+        global: Option<Tracker>,
+    ) -> Run<'a> {
+        let devices = followed_devices(device);
+        let start = devices.iter().map(|&d| tracker.live_bytes(d)).collect();
+        Run {
+            test,
+            settings,
+            device,
+            scope,
+            tracker,
+            global,
+            devices,
+            start,
+            samples: Vec::new(),
+            levels: Vec::new(),
+            global_levels: Vec::new(),
+            before: None,
+            after: None,
+            peak_bytes: 0,
+            verdicts: Vec::new(),
+            attribution: None,
+            references: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
     fn sample(&mut self, phase: Phase, iteration: u32) -> Snapshot {
-        let snapshot = Snapshot::take(self.device, self.tracker);
+        let snapshot = Snapshot::take(self.device, &self.tracker);
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
+        self.levels.push(self.devices.iter().map(|&d| self.tracker.live_bytes(d)).collect());
+        if let Some(global) = &self.global {
+            self.global_levels.push(self.devices.iter().map(|&d| global.live_bytes(d)).collect());
+        }
         snapshot
+    }
+
+    /// The exact series of one followed device, from the samples so far.
+    fn series(&self, index: usize) -> Series {
+        let at = |phases: &[Phase]| -> Vec<i64> {
+            self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(|(_, l)| l[index]).collect()
+        };
+        Series {
+            start: self.start[index],
+            after_setup: at(&[Phase::Setup]).first().copied().unwrap_or(self.start[index]),
+            warmup: at(&[Phase::WarmUp]),
+            measured: at(&[Phase::Measure, Phase::Confirm]),
+        }
+    }
+
+    /// The devices judged: the body's, and every device that saw an
+    /// allocation or a free during the test.
+    fn judged(&self) -> Vec<usize> {
+        (0..self.devices.len())
+            .filter(|&i| {
+                let view = self.tracker.view(self.devices[i]);
+                self.devices[i] == self.device || view.allocations + view.frees > 0
+            })
+            .collect()
     }
 
     /// Runs one call of user code, turning a panic or an error into the
@@ -269,101 +394,95 @@ impl Run<'_> {
         }
     }
 
-    fn measure<I>(
-        &mut self,
-        setup: impl FnOnce(Device) -> std::result::Result<I, String>,
-    ) -> std::result::Result<(Verdict, Option<Attribution>), Verdict>
+    fn measure<I>(&mut self, setup: impl FnOnce(Device) -> std::result::Result<I, String>) -> std::result::Result<(), Verdict>
     where
         I: FnMut() -> std::result::Result<(), String>,
     {
         let settings = self.settings;
-        self.series.start = self.tracker.live_bytes(self.device);
         let device = self.device;
         let mut iteration = self.call(Phase::Setup, 0, || setup(device))?;
-        self.series.after_setup = self.sample(Phase::Setup, 0).hook.live_bytes;
-
+        self.sample(Phase::Setup, 0);
         for i in 1..=settings.warmup {
             self.call(Phase::WarmUp, i, &mut iteration)?;
-            let live = self.sample(Phase::WarmUp, i).hook.live_bytes;
-            self.series.warmup.push(live);
+            self.sample(Phase::WarmUp, i);
         }
-        self.before = Some(Snapshot::take(self.device, self.tracker));
-
+        self.before = Some(Snapshot::take(self.device, &self.tracker));
         for i in 1..=settings.iterations {
             self.call(Phase::Measure, i, &mut iteration)?;
-            let live = self.sample(Phase::Measure, i).hook.live_bytes;
-            self.series.measured.push(live);
+            self.sample(Phase::Measure, i);
         }
-        // Growth to a new high in only one iteration is one-time retention,
-        // unless more iterations show it again (a leak every k-th iteration
-        // with k close to the window).
+        // Where the window cannot tell a leak from growth that stops,
+        // confirmation iterations run until it can, up to the bound.
         let threshold = settings.threshold_bytes();
-        if matches!(verdict::growth(self.series.baseline(), &self.series.measured, threshold), Growth::Once { .. }) {
-            for i in 1..=settings.iterations {
-                let n = settings.iterations + i;
-                self.call(Phase::Confirm, n, &mut iteration)?;
-                let live = self.sample(Phase::Confirm, n).hook.live_bytes;
-                self.series.measured.push(live);
-            }
+        let mut n = settings.iterations;
+        while self.judged().into_iter().any(|d| verdict::needs_more(&self.series(d), settings.iterations, threshold)) {
+            n += 1;
+            self.call(Phase::Confirm, n, &mut iteration)?;
+            self.sample(Phase::Confirm, n);
         }
-        self.after = Some(Snapshot::take(self.device, self.tracker));
-
-        let peak = self.tracker.view(self.device).peak_bytes - self.series.start;
-        self.peak_bytes = peak;
-        let verdict = verdict::decide(&self.series, threshold, settings.peak_budget_bytes().map(|b| (peak, b)));
-        let (verdict, attribution) = match verdict {
-            Verdict::Leak(leak) => {
-                // Enough iterations that a leak every k-th iteration leaves a
-                // survivor before the last one.
-                let widest_gap = leak.growing_iterations.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
-                let count = settings.attribution_iterations.max(widest_gap + 1).max(1);
-                let mut attribution = self.attribute(&mut iteration, count)?;
-                let suppressed = attribution.apply_suppressions(&settings.suppressions);
-                let unsuppressed = leak.retained_bytes as f64 - suppressed * leak.iterations as f64;
-                let verdict = if !attribution.kept_across_iterations() && !self.rose_every_iteration() {
-                    // Everything still alive comes from the latest iteration and
-                    // the level wanders: state replaced every iteration (a
-                    // buffer whose size varies), which new highs alone cannot
-                    // tell from a leak.
-                    Verdict::Bounded { retained_bytes: leak.retained_bytes }
-                } else if suppressed > 0.0 && unsuppressed <= threshold as f64 {
-                    Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
-                } else {
-                    Verdict::Leak(leak)
-                };
-                (verdict, Some(attribution))
-            }
-            other => (other, None),
-        };
-        Ok((verdict, attribution))
-    }
-
-    /// True when live bytes rose after every measured and attribution
-    /// iteration: growth that replaces one ever-bigger tensor (a history
-    /// kept with `cat`) leaves survivors from the last iteration only, yet
-    /// grows without bound.
-    fn rose_every_iteration(&self) -> bool {
-        let levels: Vec<i64> = std::iter::once(self.series.baseline())
-            .chain(
-                self.samples
-                    .iter()
-                    .filter(|s| matches!(s.phase, Phase::Measure | Phase::Confirm | Phase::Attribution))
-                    .map(|s| s.live_bytes),
-            )
+        self.after = Some(Snapshot::take(self.device, &self.tracker));
+        let body = self.devices.iter().position(|&d| d == self.device).expect("the body's device is followed");
+        self.peak_bytes = self.tracker.view(self.device).peak_bytes - self.start[body];
+        let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
+        self.verdicts = (0..self.devices.len())
+            .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
             .collect();
-        levels.windows(2).all(|w| w[1] > w[0])
+        let leaks: Vec<&verdict::Leak> =
+            self.judged().into_iter().filter_map(|d| if let Verdict::Leak(l) = &self.verdicts[d] { Some(l) } else { None }).collect();
+        if leaks.is_empty() {
+            return Ok(());
+        }
+        // Enough iterations that a leak every k-th iteration leaves a
+        // survivor before the last one.
+        let widest_gap = leaks
+            .iter()
+            .flat_map(|leak| leak.growing_iterations.windows(2).map(|w| w[1] - w[0]))
+            .chain(leaks.iter().filter_map(|leak| leak.drift.map(|(period, _)| period)))
+            .max()
+            .unwrap_or(1);
+        let mut count = settings.attribution_iterations.max(widest_gap + 1).max(1);
+        if leaks.iter().any(|leak| leak.drift.is_none()) {
+            // Growth with no exact pattern: enough iterations to follow each
+            // site (see verdict::replaced_each_iteration).
+            count = count.max(verdict::REPLACED_STATE_ITERATIONS);
+        }
+        let site_levels = self.attribute(&mut iteration, count)?;
+        let judged = self.judged();
+        let attribution = self.attribution.as_mut().expect("attribute sets it");
+        for d in judged {
+            let Verdict::Leak(leak) = &self.verdicts[d] else { continue };
+            let on = self.devices[d];
+            let suppressed = attribution.apply_suppressions(on, &settings.suppressions);
+            let unsuppressed = leak.retained_bytes as f64 - suppressed * leak.iterations as f64;
+            let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(device, _)| *device == on).map(|(_, l)| l.clone()).collect();
+            self.verdicts[d] = if leak.drift.is_none()
+                && verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels)
+            {
+                // Levels that follow no exact pattern, and attribution finds
+                // only state replaced every iteration with no site growing:
+                // a buffer whose size varies from run to run.
+                Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
+            } else if suppressed > 0.0 && unsuppressed <= threshold as f64 {
+                Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
+            } else {
+                self.verdicts[d].clone()
+            };
+        }
+        Ok(())
     }
 
     /// Runs `count` attribution iterations with stack capture on and groups
-    /// the allocations that survive them.
+    /// the allocations that survive them. Returns each site's live bytes
+    /// after every attribution iteration, by device.
     fn attribute(
         &mut self,
         iteration: &mut impl FnMut() -> std::result::Result<(), String>,
         count: u32,
-    ) -> std::result::Result<Attribution, Verdict> {
+    ) -> std::result::Result<Vec<(Device, Vec<u64>)>, Verdict> {
         self.tracker.clear_recorded();
         let watching = crate::refs::Watching::start();
         self.tracker.start_recording(1);
+        let mut by_stack_each_iteration = Vec::new();
         for i in 1..=count {
             self.tracker.set_tag(i);
             let result = self.call(Phase::Attribution, i, &mut *iteration);
@@ -372,47 +491,137 @@ impl Run<'_> {
                 return Err(stopped);
             }
             self.sample(Phase::Attribution, i);
+            by_stack_each_iteration.push(self.tracker.recorded_bytes_by_stack());
         }
         self.tracker.stop_recording();
         let survivors = self.tracker.recorded_survivors();
         self.tracker.clear_recorded();
         let root = self.test.root.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
-        let attribution = attribution::attribute(&survivors, self.device, count, &root);
+        let attribution = attribution::attribute(&survivors, count, &root);
         self.references = watching.finish(&survivors, &attribution);
-        Ok(attribution)
+        self.attribution = Some(attribution);
+        let sites: std::collections::BTreeSet<&(String, Vec<usize>)> =
+            by_stack_each_iteration.iter().flat_map(|m| m.keys()).collect();
+        Ok(sites
+            .into_iter()
+            .map(|key| {
+                let device = self.devices.iter().copied().find(|d| format!("{d:?}") == key.0).unwrap_or(Device::Cpu);
+                (device, by_stack_each_iteration.iter().map(|m| m.get(key).copied().unwrap_or(0)).collect())
+            })
+            .collect())
     }
 
-    fn finish(self, verdict: Verdict, attribution: Option<Attribution>, started: Instant) -> Report {
-        let view = self.tracker.view(self.device);
+    /// A run stopped by a panic, an error or a failed start.
+    fn stop(mut self, verdict: Verdict, started: Instant) -> Report {
+        let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
+        self.verdicts = vec![Verdict::Clean; self.devices.len()];
+        self.verdicts[body] = verdict;
+        self.finish(started)
+    }
+
+    fn finish(self, started: Instant) -> Report {
         let settings = self.settings;
-        let iterations_run = self.samples.iter().filter(|s| s.phase != Phase::Setup).count().max(1) as f64;
+        let judged = self.judged();
+        // The verdict the test gets: a failure on any device (the biggest
+        // leak first), else the body's device's.
+        let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
+        let rank = |v: &Verdict| match v {
+            Verdict::Leak(leak) => (3, leak.bytes_per_iteration),
+            v if v.is_failure() => (2, 0.0),
+            _ => (0, 0.0),
+        };
+        let chosen = judged
+            .iter()
+            .copied()
+            .filter(|&d| self.verdicts[d].is_failure())
+            .max_by(|&a, &b| rank(&self.verdicts[a]).partial_cmp(&rank(&self.verdicts[b])).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)))
+            .unwrap_or(body);
+        let window_levels = |levels: &[Vec<i64>], d: usize| -> Vec<i64> {
+            // Before the first measured iteration, then after each measured one.
+            let baseline = self.series(d).baseline();
+            std::iter::once(baseline)
+                .chain(
+                    self.samples
+                        .iter()
+                        .zip(levels)
+                        .filter(|(s, _)| matches!(s.phase, Phase::Measure | Phase::Confirm))
+                        .map(|(_, l)| l[d]),
+                )
+                .collect()
+        };
+        let devices: Vec<DeviceResult> = judged
+            .iter()
+            .map(|&d| {
+                let unexplained = (!self.global_levels.is_empty())
+                    .then(|| {
+                        let counted = window_levels(&self.levels, d);
+                        let global_baseline = self
+                            .samples
+                            .iter()
+                            .zip(&self.global_levels)
+                            .filter(|(s, _)| s.phase == Phase::WarmUp || s.phase == Phase::Setup)
+                            .last()
+                            .map(|(_, l)| l[d]);
+                        let global: Vec<i64> = global_baseline
+                            .into_iter()
+                            .chain(
+                                self.samples
+                                    .iter()
+                                    .zip(&self.global_levels)
+                                    .filter(|(s, _)| matches!(s.phase, Phase::Measure | Phase::Confirm))
+                                    .map(|(_, l)| l[d]),
+                            )
+                            .collect();
+                        (global.len() == counted.len())
+                            .then(|| verdict::unexplained_growth(&counted, &global, settings.iterations))
+                            .flatten()
+                    })
+                    .flatten();
+                DeviceResult {
+                    device: self.devices[d],
+                    verdict: self.verdicts.get(d).cloned().unwrap_or(Verdict::Clean),
+                    levels: self.levels.iter().map(|l| l[d]).collect(),
+                    unexplained_bytes_per_iteration: unexplained,
+                }
+            })
+            .collect();
+        let series = self.series(chosen);
+        let mut samples = self.samples;
+        for (sample, levels) in samples.iter_mut().zip(&self.levels) {
+            sample.live_bytes = levels[chosen];
+        }
+        let view = self.tracker.view(self.device);
+        let iterations_run = samples.iter().filter(|s| s.phase != Phase::Setup).count().max(1) as f64;
         let mut report = Report {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
             device: self.device,
+            verdict_device: self.devices[chosen],
+            scope: self.scope.name(),
             settings: RunSettings {
                 warmup: settings.warmup,
                 iterations: settings.iterations,
                 threshold_bytes: settings.threshold_bytes(),
                 peak_budget_bytes: settings.peak_budget_bytes(),
-                attribution_iterations: attribution.as_ref().map(|a| a.iterations).unwrap_or(settings.attribution_iterations),
+                attribution_iterations: self.attribution.as_ref().map(|a| a.iterations).unwrap_or(settings.attribution_iterations),
             },
-            setup_bytes: self.series.after_setup - self.series.start,
-            warmup_retained_bytes: if self.series.warmup.is_empty() { 0 } else { self.series.warmup_retained() },
+            setup_bytes: series.after_setup - series.start,
+            warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
             // A run stopped early has not stored its peak yet.
-            peak_bytes: if self.peak_bytes != 0 { self.peak_bytes } else { view.peak_bytes - self.series.start },
-            samples: self.samples,
+            peak_bytes: if self.peak_bytes != 0 { self.peak_bytes } else { view.peak_bytes - self.start[body] },
+            samples,
             before: self.before,
             after: self.after,
-            attribution,
+            attribution: self.attribution,
             references: self.references,
             files: None,
-            other_devices: self.tracker.other_devices(self.device),
+            devices,
             // Setup's events are spread over the iterations too: an estimate.
             events_per_iteration: (view.allocations + view.frees) as f64 / iterations_run,
             hints: Vec::new(),
+            notes: self.notes,
             elapsed: started.elapsed(),
-            verdict,
+            verdict: self.verdicts[chosen].clone(),
         };
         report.hints = hints(&report);
         report
@@ -424,8 +633,14 @@ fn hints(report: &Report) -> Vec<String> {
     let mut hints = Vec::new();
     match &report.verdict {
         Verdict::Leak(_) => {
-            let sites = report.attribution.as_ref().map(|a| a.sites.as_slice()).unwrap_or_default();
-            if sites.iter().any(|s| s.inside_backward || s.on_other_thread) {
+            let sites: Vec<&crate::attribution::Site> = report
+                .attribution
+                .iter()
+                .flat_map(|a| &a.sites)
+                .filter(|s| s.device == report.verdict_device)
+                .collect();
+            // Autograd's threads run backward() with no frame of the user's.
+            if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
                 hints.push(
                     "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
                      graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
@@ -461,6 +676,19 @@ fn hints(report: &Report) -> Vec<String> {
                 .into(),
         ),
         _ => {}
+    }
+    for unexplained in &report.devices {
+        if let Some(rate) = unexplained.unexplained_bytes_per_iteration {
+            hints.push(format!(
+                "on {} the process-wide count grew {} per iteration more than the threads this test counts: \
+                 threads outside the test (a std::thread, a rayon pool, a tokio runtime's workers) likely keep \
+                 tensors, or another test running at the same time does. Run in process scope (`scope = \"process\"`, \
+                 the default under cargo nextest) to count every thread, or bring the threads in with \
+                 `gpu_leak_test::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
+                crate::report::device_name(unexplained.device),
+                crate::report::bytes(rate.round().max(0.0) as u64),
+            ));
+        }
     }
     if let (Some(before), Some(after)) = (&report.before, &report.after) {
         if let (Some(b), Some(a)) = (before.allocator, after.allocator) {

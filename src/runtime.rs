@@ -110,17 +110,12 @@ fn conclude(mut report: Report, settings: &config::Settings) {
     if !report.passed() {
         panic!("{report}");
     }
-    // Passing tests say one line (shown with --nocapture or on failure).
-    let note = match &report.verdict {
-        Verdict::OneTimeRetention { bytes, .. } => {
-            format!(" (one-time retention of {}, not a leak)", crate::report::bytes(*bytes as u64))
-        }
-        _ => String::new(),
-    };
-    println!(
-        "gpu-leak-test: {} clean on {:?} over {} measured iterations{note}",
-        report.test, report.device, report.settings.iterations
-    );
+    // Passing tests say one line (shown with --nocapture or on failure),
+    // and any hint, such as growth that threads outside the test explain.
+    println!("{}", report.summary_line());
+    for hint in &report.hints {
+        println!("  hint: {hint}");
+    }
 }
 
 /// The per-iteration form: `body` runs once per iteration.

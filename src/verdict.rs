@@ -27,60 +27,150 @@ impl fmt::Display for Phase {
     }
 }
 
-/// How the live bytes moved over the measured iterations.
+/// How many measured iterations, in all, a test may run before an
+/// undecided shape counts as a leak: the `iterations` asked for, then up to
+/// twice as many confirmation iterations. Within it, a plateau that settles
+/// by the end of the first window and a period of up to `iterations + 1`
+/// iterations are recognised, and a leak every k-th iteration fails for
+/// every k up to `iterations`.
+pub fn confirmation_bound(window: u32) -> u32 {
+    window.saturating_mul(3)
+}
+
+/// The shape of the live-bytes levels seen so far. `Growing` asks for more
+/// iterations while the bound allows, and is a leak after it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Growth {
-    /// Retained growth at or under the threshold.
-    Flat { retained_bytes: i64 },
-    /// Over the threshold, but the level rose to a new high only once, then
-    /// stayed: a cache filled, a buffer was kept, a workspace was created.
-    Once { retained_bytes: i64, iteration: u32 },
-    /// Over the threshold and rising to new highs in two or more iterations.
-    Recurring(Leak),
+pub enum Shape {
+    /// Retained growth, scaled to the measured window, at or under the
+    /// threshold (negative where older memory was freed).
+    WithinThreshold { retained_bytes: i64 },
+    /// The levels repeat with `period` (1: flat) for at least `window`
+    /// iterations, from iteration `settled_at` on (0: the baseline).
+    Settled {
+        period: u32,
+        settled_at: u32,
+        /// Iterations that set a new high before it settled: 1 is growth
+        /// that happened once.
+        growth_steps: u32,
+        retained_bytes: i64,
+    },
+    /// Growth that has not stopped. `drift` is `(period, bytes)` where the
+    /// levels rise by exactly `bytes` every `period` iterations.
+    Growing { drift: Option<(u32, i64)> },
+}
+
+/// Classifies `levels` (live bytes after each measured and confirmation
+/// iteration) against `baseline` (before the first of them). `window` is the
+/// number of measured iterations asked for.
+///
+/// Exact accounting makes a deterministic loop's levels exactly periodic once
+/// it settles: `L[i + p] == L[i]` for a plateau (p = 1) or a sawtooth (the
+/// trough and the peak repeat), `L[i + p] == L[i] + c` for a leak of `c`
+/// bytes every `p` iterations. A shape counts as settled only when the
+/// relation held for `window` consecutive iterations, so growth that stops
+/// must stay stopped for as long as the test measured.
+pub fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes: u64) -> Shape {
+    let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
+    let m = levels.len();
+    let retained_bytes = all[m] - baseline;
+    let window_len = window.max(1) as usize;
+    // Growth of `bytes` every `iterations`, over the window asked for.
+    let over_threshold = |bytes: i64, iterations: usize| {
+        bytes as f64 * window_len as f64 / iterations.max(1) as f64 > threshold_bytes as f64
+    };
+    // The relation must hold for `window` comparisons that end at the last level.
+    for period in 1..=(m + 1).saturating_sub(window_len) {
+        let first = m - period + 1 - window_len;
+        let drift = all[first + period] - all[first];
+        if !(first..=m - period).all(|i| all[i + period] - all[i] == drift) {
+            continue;
+        }
+        if drift > 0 {
+            return if over_threshold(drift, period) {
+                Shape::Growing { drift: Some((period as u32, drift)) }
+            } else {
+                Shape::WithinThreshold { retained_bytes }
+            };
+        }
+        if drift < 0 {
+            continue;
+        }
+        let mut settled_at = first;
+        while settled_at > 0 && all[settled_at - 1 + period] == all[settled_at - 1] {
+            settled_at -= 1;
+        }
+        let growth_steps = new_highs(baseline, &levels[..settled_at.min(m)]).len() as u32;
+        return Shape::Settled { period: period as u32, settled_at: settled_at as u32, growth_steps, retained_bytes };
+    }
+    // No pattern yet. Levels that never rose past the threshold need none;
+    // any others (a rise, a sawtooth, a trough that creeps up under a big
+    // transient) need more iterations, whatever the last level says.
+    let highest = levels.iter().copied().max().unwrap_or(baseline) - baseline;
+    if !over_threshold(highest, window_len) || highest <= threshold_bytes.min(i64::MAX as u64) as i64 {
+        return Shape::WithinThreshold { retained_bytes };
+    }
+    Shape::Growing { drift: None }
+}
+
+/// Iterations (1-based) after which the level reached a new high.
+pub fn new_highs(baseline: i64, levels: &[i64]) -> Vec<u32> {
+    let mut high = baseline;
+    let mut highs = Vec::new();
+    for (index, &live) in levels.iter().enumerate() {
+        if live > high {
+            high = live;
+            highs.push(index as u32 + 1);
+        }
+    }
+    highs
+}
+
+/// Attribution iterations needed to tell state replaced every iteration
+/// from a site that grows every time, where the levels follow no pattern.
+pub const REPLACED_STATE_ITERATIONS: u32 = 8;
+
+/// What attribution saw of state that is replaced every iteration: whether
+/// anything allocated before the last attribution iteration is still alive,
+/// and each allocation site's live bytes after every attribution iteration.
+///
+/// Only growth whose levels follow no exact pattern (sizes that vary from
+/// run to run, such as a buffer sized by the data) needs it: a loop that
+/// keeps nothing across iterations and grows no site in every iteration
+/// holds bounded state however its total wanders.
+pub fn replaced_each_iteration(kept_across_iterations: bool, site_levels: &[Vec<u64>]) -> bool {
+    // Sizes drawn at random rise every time over 8 iterations once in 40,320
+    // runs; a history regrown every iteration always does.
+    let grows_every_time =
+        |levels: &Vec<u64>| levels.len() >= 2 && levels.windows(2).all(|w| w[1] > w[0]);
+    !kept_across_iterations && !site_levels.iter().any(grows_every_time)
 }
 
 /// A leak: retained growth over the measured iterations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Leak {
     pub retained_bytes: i64,
-    /// Number of measured iterations the growth was retained over.
+    /// Number of measured (and confirmation) iterations the growth was
+    /// retained over.
     pub iterations: u32,
     pub bytes_per_iteration: f64,
     /// Measured iterations (1-based) after which the level reached a new high.
     pub growing_iterations: Vec<u32>,
+    /// `(period, bytes)` where the level rose by exactly `bytes` every
+    /// `period` iterations; `None` where the growth follows no exact pattern.
+    pub drift: Option<(u32, i64)>,
 }
 
-/// Classifies `measured` (live bytes after each measured iteration) against
-/// `baseline` (live bytes before the first of them).
-///
-/// Retained growth is `last - baseline`, so memory that is freed again before
-/// the end (a sawtooth, a cache that flushes) is not a leak. Growth counts as
-/// recurring when the level sets a new high in at least two iterations, which
-/// catches leaks that happen only every k-th iteration, as long as the window
-/// holds two of them.
-pub fn growth(baseline: i64, measured: &[i64], threshold_bytes: u64) -> Growth {
-    let Some(&last) = measured.last() else { return Growth::Flat { retained_bytes: 0 } };
-    let retained_bytes = last - baseline;
-    if retained_bytes <= threshold_bytes.min(i64::MAX as u64) as i64 {
-        return Growth::Flat { retained_bytes };
+impl Leak {
+    fn from_levels(baseline: i64, levels: &[i64], drift: Option<(u32, i64)>) -> Leak {
+        let retained_bytes = levels.last().copied().unwrap_or(baseline) - baseline;
+        let iterations = levels.len() as u32;
+        // An exact drift gives the exact rate; otherwise the average.
+        let bytes_per_iteration = match drift {
+            Some((period, bytes)) => bytes as f64 / period as f64,
+            None => retained_bytes as f64 / iterations.max(1) as f64,
+        };
+        Leak { retained_bytes, iterations, bytes_per_iteration, growing_iterations: new_highs(baseline, levels), drift }
     }
-    let mut high = baseline;
-    let mut new_highs = Vec::new();
-    for (index, &live) in measured.iter().enumerate() {
-        if live > high {
-            high = live;
-            new_highs.push(index as u32 + 1);
-        }
-    }
-    if new_highs.len() < 2 {
-        return Growth::Once { retained_bytes, iteration: new_highs.first().copied().unwrap_or(1) };
-    }
-    Growth::Recurring(Leak {
-        retained_bytes,
-        iterations: measured.len() as u32,
-        bytes_per_iteration: retained_bytes as f64 / measured.len() as f64,
-        growing_iterations: new_highs,
-    })
 }
 
 /// Exact live bytes at each point of a run.
@@ -123,12 +213,17 @@ pub enum Verdict {
     Clean,
     /// Memory retained once, then flat: reported, never failed.
     OneTimeRetention { bytes: i64, during: RetainedDuring },
+    /// Growth over several iterations that stopped and stayed flat for at
+    /// least as many iterations as were measured (a cache that filled).
+    Plateau { bytes: i64, settled_at: u32 },
+    /// Growth at or under the threshold: passes, reported.
+    WithinThreshold { retained_bytes: i64, bytes_per_iteration: f64 },
     /// Retained growth over the threshold, recurring across iterations.
     Leak(Leak),
-    /// Live bytes rose over the window, but everything still alive was
-    /// allocated in the latest iteration and the level did not rise every
-    /// time: state replaced each iteration. Reported, not failed.
-    Bounded { retained_bytes: i64 },
+    /// Live bytes go up and down but do not grow: a sawtooth whose trough
+    /// stays flat, repeating every `period` iterations, or (`period: None`)
+    /// state replaced every iteration whose size varies. Reported, not failed.
+    Bounded { retained_bytes: i64, period: Option<u32> },
     /// A leak whose retained bytes all come from suppressed sites
     /// (`gpu-leak-test.yaml`): reported, not failed.
     Suppressed { retained_bytes: i64, bytes_per_iteration: f64 },
@@ -146,7 +241,12 @@ impl Verdict {
     pub fn is_failure(&self) -> bool {
         !matches!(
             self,
-            Verdict::Clean | Verdict::OneTimeRetention { .. } | Verdict::Bounded { .. } | Verdict::Suppressed { .. }
+            Verdict::Clean
+                | Verdict::OneTimeRetention { .. }
+                | Verdict::Plateau { .. }
+                | Verdict::WithinThreshold { .. }
+                | Verdict::Bounded { .. }
+                | Verdict::Suppressed { .. }
         )
     }
 
@@ -155,6 +255,8 @@ impl Verdict {
         match self {
             Verdict::Clean => "clean",
             Verdict::OneTimeRetention { .. } => "one_time_retention",
+            Verdict::Plateau { .. } => "plateau",
+            Verdict::WithinThreshold { .. } => "within_threshold",
             Verdict::Leak(_) => "leak",
             Verdict::Bounded { .. } => "bounded",
             Verdict::Suppressed { .. } => "suppressed",
@@ -166,23 +268,67 @@ impl Verdict {
     }
 }
 
-/// The verdict for a run that finished all its iterations. A leak outranks a
-/// peak over budget, which outranks one-time retention.
-pub fn decide(series: &Series, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
+/// The verdict for a run that finished all its iterations, from the shape
+/// of its levels. A leak outranks a peak over budget, which outranks the
+/// passing verdicts. `Growing` here is past the confirmation bound.
+pub fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
     let peak_over = peak.filter(|&(peak_bytes, budget)| peak_bytes > budget.min(i64::MAX as u64) as i64);
-    match growth(series.baseline(), &series.measured, threshold_bytes) {
-        Growth::Recurring(leak) => Verdict::Leak(leak),
-        _ if peak_over.is_some() => {
-            let (peak_bytes, budget_bytes) = peak_over.unwrap();
-            Verdict::PeakOverBudget { peak_bytes, budget_bytes }
-        }
-        Growth::Once { retained_bytes, iteration } => {
+    let baseline = series.baseline();
+    let measured = &series.measured;
+    let retained = measured.last().copied().unwrap_or(baseline) - baseline;
+    let per_iteration = |bytes: i64| bytes as f64 / measured.len().max(1) as f64;
+    let within = per_iteration(retained) * window as f64 <= threshold_bytes as f64;
+    let shape = shape(baseline, measured, window, threshold_bytes);
+    match shape {
+        Shape::Growing { drift: Some(_) } => return Verdict::Leak(Leak::from_levels(baseline, measured, shape_drift(&shape))),
+        Shape::Growing { drift: None } if !within => return Verdict::Leak(Leak::from_levels(baseline, measured, None)),
+        _ => {}
+    }
+    if let Some((peak_bytes, budget_bytes)) = peak_over {
+        return Verdict::PeakOverBudget { peak_bytes, budget_bytes };
+    }
+    match shape {
+        Shape::Settled { period, retained_bytes, .. } if period > 1 => Verdict::Bounded { retained_bytes, period: Some(period) },
+        Shape::Settled { growth_steps: 1, retained_bytes, .. } if retained_bytes > 0 && !within => {
+            let iteration = new_highs(baseline, measured).first().copied().unwrap_or(1);
             Verdict::OneTimeRetention { bytes: retained_bytes, during: RetainedDuring::Iteration(iteration) }
         }
-        Growth::Flat { .. } if series.warmup_retained() > 0 => {
+        Shape::Settled { settled_at, retained_bytes, .. } if retained_bytes > 0 && !within => {
+            Verdict::Plateau { bytes: retained_bytes, settled_at }
+        }
+        _ if retained > 0 => Verdict::WithinThreshold { retained_bytes: retained, bytes_per_iteration: per_iteration(retained) },
+        _ if series.warmup_retained() > 0 => {
             Verdict::OneTimeRetention { bytes: series.warmup_retained(), during: RetainedDuring::WarmUp }
         }
-        Growth::Flat { .. } => Verdict::Clean,
+        _ => Verdict::Clean,
+    }
+}
+
+fn shape_drift(shape: &Shape) -> Option<(u32, i64)> {
+    match shape {
+        Shape::Growing { drift } => *drift,
+        _ => None,
+    }
+}
+
+/// Whether the protocol should run another confirmation iteration: the
+/// shape is still growing and the bound allows more.
+pub fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
+    series.measured.len() < confirmation_bound(window) as usize
+        && matches!(shape(series.baseline(), &series.measured, window, threshold_bytes), Shape::Growing { .. })
+}
+
+/// Growth of a device-global view that the counted threads do not explain:
+/// `counted` and `global` are levels before the first measured iteration and
+/// after each. Returns the unexplained bytes per iteration where the
+/// difference grows like a leak would.
+pub fn unexplained_growth(counted: &[i64], global: &[i64], window: u32) -> Option<f64> {
+    let difference: Vec<i64> = counted.iter().zip(global).map(|(c, g)| g - c).collect();
+    let (&baseline, levels) = difference.split_first()?;
+    let series = Series { start: baseline, after_setup: baseline, warmup: Vec::new(), measured: levels.to_vec() };
+    match decide(&series, window, 0, None) {
+        Verdict::Leak(leak) => Some(leak.bytes_per_iteration),
+        _ => None,
     }
 }
 
@@ -194,79 +340,173 @@ mod tests {
         Series { start: 0, after_setup: 100, warmup: warmup.to_vec(), measured: measured.to_vec() }
     }
 
-    #[test]
-    fn flat_is_clean() {
-        let s = series(&[100, 100], &[100, 100, 100, 100, 100]);
-        assert_eq!(decide(&s, 0, None), Verdict::Clean);
+    /// Runs the protocol's loop on a scripted level: `level(i)` is the live
+    /// bytes after measured iteration `i` (0 is the baseline), warm-up ends
+    /// at level(0). Iterations continue while the shape asks for more.
+    fn run(window: u32, threshold: u64, level: impl Fn(u32) -> i64) -> (Verdict, usize) {
+        let mut s = Series { start: 0, after_setup: level(0), warmup: vec![level(0)], measured: Vec::new() };
+        for i in 1..=window {
+            s.measured.push(level(i));
+        }
+        while needs_more(&s, window, threshold) {
+            s.measured.push(level(s.measured.len() as u32 + 1));
+        }
+        (decide(&s, window, threshold, None), s.measured.len())
     }
 
     #[test]
-    fn steady_growth_is_a_leak_with_its_rate() {
-        let s = series(&[612, 1124], &[1636, 2148, 2660, 3172, 3684]);
-        let Verdict::Leak(leak) = decide(&s, 0, None) else { panic!() };
-        assert_eq!(leak.retained_bytes, 2560);
-        assert_eq!(leak.bytes_per_iteration, 512.0);
-        assert_eq!(leak.growing_iterations, vec![1, 2, 3, 4, 5]);
+    fn flat_is_clean_and_runs_no_confirmation() {
+        assert_eq!(run(5, 0, |_| 100), (Verdict::Clean, 5));
     }
 
     #[test]
-    fn every_third_iteration_is_still_a_leak() {
-        let s = series(&[100, 100], &[100, 100, 400, 400, 400, 700]);
-        let Verdict::Leak(leak) = decide(&s, 0, None) else { panic!() };
-        assert_eq!(leak.growing_iterations, vec![3, 6]);
-        assert_eq!(leak.retained_bytes, 600);
+    fn steady_growth_to_the_end_of_the_confirmation_window_is_a_leak_with_its_exact_rate() {
+        let (verdict, ran) = run(5, 0, |i| 1124 + 512 * i as i64);
+        let Verdict::Leak(leak) = verdict else { panic!("{verdict:?}") };
+        assert_eq!(ran, confirmation_bound(5) as usize);
+        assert_eq!((leak.bytes_per_iteration, leak.retained_bytes, leak.iterations), (512.0, 512 * 15, 15));
+        assert_eq!(leak.drift, Some((1, 512)));
+        assert_eq!(leak.growing_iterations, (1..=15).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_leak_every_kth_iteration_fails_for_every_k_up_to_the_window() {
+        for window in [2, 3, 5, 8, 10] {
+            for k in 1..=window {
+                for phase in 0..k {
+                    let (verdict, _) = run(window, 0, |i| 100 + 64 * ((i + phase) / k) as i64);
+                    let Verdict::Leak(leak) = &verdict else { panic!("window {window}, k {k}, phase {phase}: {verdict:?}") };
+                    assert_eq!(leak.drift, Some((k, 64)), "window {window}, k {k}");
+                    assert_eq!(leak.bytes_per_iteration, 64.0 / k as f64);
+                }
+            }
+        }
     }
 
     #[test]
     fn growth_that_is_freed_again_is_not_retained() {
-        let s = series(&[100], &[300, 100, 300, 100, 100]);
-        assert_eq!(decide(&s, 0, None), Verdict::Clean);
-        // A sawtooth that ends high rose to a new high only once.
-        let s = series(&[100], &[300, 100, 300, 100, 300]);
-        assert_eq!(decide(&s, 0, None), Verdict::OneTimeRetention { bytes: 200, during: RetainedDuring::Iteration(1) });
+        let (verdict, _) = run(5, 0, |i| if i == 1 || i == 3 { 300 } else { 100 });
+        assert_eq!(verdict, Verdict::Clean);
+        assert_eq!(shape(100, &[-500, -500, -500], 3, 0), Shape::WithinThreshold { retained_bytes: -600 });
+    }
+
+    #[test]
+    fn a_sawtooth_whose_trough_stays_flat_is_bounded_with_its_period_wherever_the_window_ends() {
+        // Truncated BPTT: state builds up over 4 steps and is released on the 4th.
+        // Warm-up ending on the trough or on the way up, the window ending anywhere.
+        for phase in 0..3 {
+            let (verdict, ran) = run(5, 0, |i| 1000 + 300 * ((i + phase) % 4) as i64);
+            assert!(matches!(verdict, Verdict::Bounded { period: Some(4), .. }), "phase {phase}: {verdict:?}");
+            assert_eq!(ran, 8, "two periods and a window");
+        }
+        // Warm-up ending on the peak: nothing ever rises above it.
+        assert_eq!(run(5, 0, |i| 1000 + 300 * ((i + 3) % 4) as i64), (Verdict::Clean, 5));
+    }
+
+    #[test]
+    fn a_sawtooth_whose_trough_rises_is_a_leak_even_without_new_highs() {
+        // A big transient every other iteration; the trough creeps up by 16 B.
+        for phase in 0..2 {
+            let (verdict, _) = run(5, 0, |i| 1000 + 16 * ((i + phase) / 2) as i64 + if (i + phase) % 2 == 1 { 100_000 } else { 0 });
+            let Verdict::Leak(leak) = verdict else { panic!("phase {phase}: {verdict:?}") };
+            assert_eq!(leak.drift, Some((2, 16)));
+        }
+    }
+
+    #[test]
+    fn levels_that_wander_without_a_pattern_and_end_low_pass() {
+        let sizes = [100, 300, 200, 600, 50, 900, 1200, 100, 700, 400, 1000, 300, 800, 20, 500, 90];
+        let (verdict, ran) = run(5, 0, |i| sizes[i as usize]);
+        assert_eq!(ran, 15, "no pattern: confirmation runs to the bound");
+        assert_eq!(verdict, Verdict::Clean);
+    }
+
+    #[test]
+    fn a_cache_that_fills_then_stays_flat_as_long_as_was_measured_is_a_plateau() {
+        // An LRU of 4 with warm-up 2: it fills during the first two measured iterations.
+        let (verdict, ran) = run(10, 0, |i| 1000 + 4096 * i.min(2) as i64);
+        assert_eq!(verdict, Verdict::Plateau { bytes: 8192, settled_at: 2 });
+        assert_eq!(ran, 12, "flat for 10 iterations after it settled at 2");
+        assert!(!verdict.is_failure());
+    }
+
+    #[test]
+    fn growth_that_stops_too_late_to_stay_flat_for_a_window_is_a_leak() {
+        // Fills for 2 windows, then stops: not flat for a window before the bound.
+        let (verdict, _) = run(5, 0, |i| 100 * i.min(11) as i64);
+        assert!(matches!(verdict, Verdict::Leak(_)), "{verdict:?}");
+    }
+
+    #[test]
+    fn regrowth_every_second_iteration_next_to_an_alternating_buffer_is_a_leak() {
+        // A history regrown by 512 B each iteration; a batch buffer of 1.5 KiB or 0 B.
+        let (verdict, _) = run(5, 0, |i| 512 * i as i64 + if i % 2 == 0 { 1536 } else { 0 });
+        let Verdict::Leak(leak) = verdict else { panic!("{verdict:?}") };
+        assert_eq!(leak.drift, Some((2, 1024)));
+        // The history regrown every 2nd iteration alone.
+        let (verdict, _) = run(5, 0, |i| 1024 * (i / 2) as i64);
+        assert!(matches!(verdict, Verdict::Leak(_)), "{verdict:?}");
     }
 
     #[test]
     fn warmup_retention_is_reported_not_failed() {
         let s = series(&[5000, 5000], &[5000, 5000, 5000]);
-        let verdict = decide(&s, 0, None);
+        let verdict = decide(&s, 3, 0, None);
         assert_eq!(verdict, Verdict::OneTimeRetention { bytes: 4900, during: RetainedDuring::WarmUp });
         assert!(!verdict.is_failure());
     }
 
     #[test]
-    fn single_step_in_the_measured_window_is_one_time() {
-        let s = series(&[100], &[100, 900, 900, 900, 900]);
-        assert_eq!(decide(&s, 0, None), Verdict::OneTimeRetention { bytes: 800, during: RetainedDuring::Iteration(2) });
+    fn a_single_step_then_flat_is_one_time_retention_at_that_iteration() {
+        let (verdict, _) = run(5, 0, |i| if i >= 2 { 900 } else { 100 });
+        assert_eq!(verdict, Verdict::OneTimeRetention { bytes: 800, during: RetainedDuring::Iteration(2) });
     }
 
     #[test]
-    fn threshold_is_inclusive_of_small_growth() {
+    fn growth_at_or_under_the_threshold_passes_and_says_so() {
         let s = series(&[0], &[10, 20, 30]);
-        assert_eq!(growth(0, &s.measured, 30), Growth::Flat { retained_bytes: 30 });
-        assert!(matches!(growth(0, &s.measured, 29), Growth::Recurring(_)));
+        assert_eq!(shape(0, &s.measured, 3, 30), Shape::WithinThreshold { retained_bytes: 30 });
+        assert_eq!(decide(&Series { after_setup: 0, ..s.clone() }, 3, 30, None), Verdict::WithinThreshold { retained_bytes: 30, bytes_per_iteration: 10.0 });
+        assert!(matches!(shape(0, &s.measured, 3, 29), Shape::Growing { .. }));
     }
 
     #[test]
-    fn peak_budget() {
+    fn the_peak_budget_fails_and_a_leak_outranks_it() {
         let s = series(&[100], &[100, 100]);
-        assert_eq!(decide(&s, 0, Some((2000, 1000))), Verdict::PeakOverBudget { peak_bytes: 2000, budget_bytes: 1000 });
-        assert_eq!(decide(&s, 0, Some((1000, 1000))), Verdict::Clean);
-        // A leak outranks the peak.
-        let s = series(&[100], &[200, 300]);
-        assert!(matches!(decide(&s, 0, Some((2000, 1000))), Verdict::Leak(_)));
+        assert_eq!(decide(&s, 2, 0, Some((2000, 1000))), Verdict::PeakOverBudget { peak_bytes: 2000, budget_bytes: 1000 });
+        assert_eq!(decide(&s, 2, 0, Some((1000, 1000))), Verdict::Clean);
+        let s = series(&[100], &[200, 300, 400, 500, 600, 700]);
+        assert!(matches!(decide(&s, 2, 0, Some((2000, 1000))), Verdict::Leak(_)));
     }
 
     #[test]
-    fn no_warmup_uses_the_level_after_setup() {
+    fn without_warmup_the_baseline_is_the_level_after_setup() {
         let s = Series { start: 0, after_setup: 50, warmup: vec![], measured: vec![50, 50] };
         assert_eq!(s.baseline(), 50);
-        assert_eq!(decide(&s, 0, None), Verdict::Clean);
+        assert_eq!(decide(&s, 2, 0, None), Verdict::Clean);
     }
 
     #[test]
-    fn frees_of_older_memory_are_negative_and_fine() {
-        let s = series(&[100], &[-500, -500, -500]);
-        assert_eq!(decide(&s, 0, None), Verdict::Clean);
+    fn a_global_view_that_grows_past_the_counted_threads_is_unexplained_growth() {
+        let counted = [100, 100, 100, 100, 100, 100];
+        let global = [500, 600, 700, 800, 900, 1000];
+        assert_eq!(unexplained_growth(&counted, &global, 5), Some(100.0));
+        // Growth the counted threads explain is not flagged.
+        let counted = [100, 200, 300, 400, 500, 600];
+        let global = [500, 600, 700, 800, 900, 1000];
+        assert_eq!(unexplained_growth(&counted, &global, 5), None);
+        // Nor is global noise that comes and goes.
+        assert_eq!(unexplained_growth(&[0, 0, 0, 0, 0, 0], &[0, 700, 0, 300, 0, 0], 5), None);
+    }
+
+    #[test]
+    fn state_replaced_every_iteration_is_bounded_unless_a_site_grows_every_time() {
+        // A buffer of varying size, replaced each iteration.
+        assert!(replaced_each_iteration(false, &[vec![400, 1200, 800, 100, 900, 1000, 1100, 50]]));
+        // A history regrown each iteration next to it: that site grows every time.
+        let history = (1..=REPLACED_STATE_ITERATIONS as u64).map(|i| 512 * i).collect();
+        assert!(!replaced_each_iteration(false, &[vec![400, 1200, 800, 100, 900, 1000, 1100, 50], history]));
+        // Anything kept from an earlier iteration is not replaced state.
+        assert!(!replaced_each_iteration(true, &[vec![400, 400, 400]]));
     }
 }

@@ -10,7 +10,7 @@ use syn::parse::Parser;
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, FnArg, ItemFn, Lit, Pat, ReturnType, Type};
 
-const OPTIONS: &str = "threshold_mb, iterations, warmup, device, peak_mb, attribution_iterations, crate";
+const OPTIONS: &str = "threshold_mb, iterations, warmup, device, scope, peak_mb, attribution_iterations, crate";
 
 /// Turns a test function into a leak test. See the `gpu-leak-test` crate docs
 /// for the options and the forms the function can take.
@@ -44,6 +44,7 @@ struct Options {
     iterations: Option<(u32, Span)>,
     warmup: Option<(u32, Span)>,
     device: Option<(String, Span)>,
+    scope: Option<(String, Span)>,
     peak_mb: Option<(f64, Span)>,
     attribution_iterations: Option<(u32, Span)>,
     krate: Option<syn::Path>,
@@ -138,6 +139,19 @@ fn parse_options(attr: TokenStream2) -> syn::Result<Options> {
                     ));
                 }
                 set_once(&mut options.device, (text, span), &key, span)
+            }
+            "scope" => {
+                let expr: Expr = meta.value()?.parse()?;
+                let text = match literal(&expr) {
+                    Some(Lit::Str(s)) if ["auto", "thread", "process"].contains(&s.value().as_str()) => s.value(),
+                    _ => {
+                        return Err(syn::Error::new(
+                            expr.span(),
+                            "`scope` expects \"auto\", \"thread\" or \"process\"",
+                        ))
+                    }
+                };
+                set_once(&mut options.scope, (text, span), &key, span)
             }
             "crate" => {
                 let path: syn::Path = meta.value()?.parse()?;
@@ -240,6 +254,7 @@ fn expand(options: Options, function: ItemFn) -> syn::Result<TokenStream2> {
     let warmup = u32_opt(&options.warmup);
     let attribution_iterations = u32_opt(&options.attribution_iterations);
     let device = option_tokens(options.device.as_ref().map(|(d, _)| quote!(::std::string::String::from(#d))));
+    let scope = option_tokens(options.scope.as_ref().map(|(d, _)| quote!(::std::string::String::from(#d))));
 
     let (runner, args) = match form {
         Form::Body => (quote!(run_body), quote!(#(::core::clone::Clone::clone(&#forwarded)),*)),
@@ -280,6 +295,7 @@ fn expand(options: Options, function: ItemFn) -> syn::Result<TokenStream2> {
                     device: #device,
                     peak_mb: #peak_mb,
                     attribution_iterations: #attribution_iterations,
+                    scope: #scope,
                 },
                 #closure_move |__gpu_leak_test_device| #inner(__gpu_leak_test_device, #args),
             )

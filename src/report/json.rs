@@ -28,16 +28,43 @@ pub struct JsonReport {
     pub sites: Vec<JsonSite>,
     pub references: Vec<JsonReference>,
     pub hints: Vec<String>,
+    /// The device the verdict is about (`device` is where the body ran).
+    #[serde(default)]
+    pub verdict_device: Option<String>,
+    /// "thread" or "process": whose allocations were counted.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Every judged device with its own verdict and levels.
+    #[serde(default)]
+    pub devices: Vec<JsonDevice>,
+    /// What the scope could and could not see.
+    #[serde(default)]
+    pub notes: Vec<String>,
     pub elapsed_seconds: f64,
     /// File name of the SVG timeline beside this file, if one was written.
     pub plot: Option<String>,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonDevice {
+    pub device: String,
+    pub verdict: JsonVerdict,
+    /// Live bytes at each sample, aligned with `samples`.
+    pub levels: Vec<i64>,
+    pub unexplained_bytes_per_iteration: Option<f64>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JsonVerdict {
-    /// clean, one_time_retention, bounded, leak, suppressed, peak_over_budget,
-    /// panicked, out_of_memory, error
+    /// clean, one_time_retention, plateau, within_threshold, bounded, leak,
+    /// suppressed, peak_over_budget, panicked, out_of_memory, error
     pub kind: String,
+    /// Bounded: the sawtooth's period; leak: the period of its exact growth.
+    #[serde(default)]
+    pub period: Option<u32>,
+    /// Plateau: the measured iteration it settled after.
+    #[serde(default)]
+    pub settled_at: Option<u32>,
     pub retained_bytes: Option<i64>,
     pub bytes_per_iteration: Option<f64>,
     pub growing_iterations: Vec<u32>,
@@ -99,6 +126,10 @@ pub struct JsonSite {
     pub iterations: Vec<u32>,
     pub inside_backward: bool,
     pub on_other_thread: bool,
+    #[serde(default)]
+    pub device: Option<String>,
+    #[serde(default)]
+    pub thread: Option<String>,
     pub suppressed_by: Option<String>,
     pub stack: Vec<JsonFrame>,
 }
@@ -138,12 +169,24 @@ fn verdict(verdict: &Verdict) -> JsonVerdict {
                 RetainedDuring::Iteration(i) => format!("iteration {i}"),
             });
         }
+        Verdict::Plateau { bytes, settled_at } => {
+            out.retained_bytes = Some(*bytes);
+            out.settled_at = Some(*settled_at);
+        }
+        Verdict::WithinThreshold { retained_bytes, bytes_per_iteration } => {
+            out.retained_bytes = Some(*retained_bytes);
+            out.bytes_per_iteration = Some(*bytes_per_iteration);
+        }
         Verdict::Leak(leak) => {
             out.retained_bytes = Some(leak.retained_bytes);
             out.bytes_per_iteration = Some(leak.bytes_per_iteration);
             out.growing_iterations = leak.growing_iterations.clone();
+            out.period = leak.drift.map(|(period, _)| period);
         }
-        Verdict::Bounded { retained_bytes } => out.retained_bytes = Some(*retained_bytes),
+        Verdict::Bounded { retained_bytes, period } => {
+            out.retained_bytes = Some(*retained_bytes);
+            out.period = *period;
+        }
         Verdict::Suppressed { retained_bytes, bytes_per_iteration } => {
             out.retained_bytes = Some(*retained_bytes);
             out.bytes_per_iteration = Some(*bytes_per_iteration);
@@ -213,6 +256,8 @@ impl JsonReport {
                     iterations: site.iterations.clone(),
                     inside_backward: site.inside_backward,
                     on_other_thread: site.on_other_thread,
+                    device: Some(device_name(site.device)),
+                    thread: site.thread.clone(),
                     suppressed_by: site.suppressed_by.clone(),
                     stack: site
                         .stack
@@ -235,6 +280,19 @@ impl JsonReport {
                 })
                 .collect(),
             hints: report.hints.clone(),
+            verdict_device: Some(device_name(report.verdict_device)),
+            scope: Some(report.scope.to_string()),
+            devices: report
+                .devices
+                .iter()
+                .map(|d| JsonDevice {
+                    device: device_name(d.device),
+                    verdict: verdict(&d.verdict),
+                    levels: d.levels.clone(),
+                    unexplained_bytes_per_iteration: d.unexplained_bytes_per_iteration,
+                })
+                .collect(),
+            notes: report.notes.clone(),
             elapsed_seconds: report.elapsed.as_secs_f64(),
             plot,
         }

@@ -7,11 +7,11 @@ pub mod svg;
 mod text;
 
 pub use files::ReportFiles;
-pub use format::{bytes, consecutive_runs, signed_bytes, thousands};
+pub use format::{bytes, consecutive_runs, device_name, signed_bytes, thousands};
 pub use json::JsonReport;
 
 use crate::attribution::Attribution;
-use crate::probe::{HookView, Snapshot};
+use crate::probe::Snapshot;
 use crate::verdict::{Phase, Verdict};
 use std::time::Duration;
 use tch::Device;
@@ -32,7 +32,8 @@ pub struct Sample {
     pub phase: Phase,
     /// 1-based within its phase.
     pub iteration: u32,
-    /// Exact live bytes from the hook on the measured device.
+    /// Exact live bytes on the device the verdict is about
+    /// ([`Report::verdict_device`]).
     pub live_bytes: i64,
     pub allocated_bytes: Option<u64>,
     pub reserved_bytes: Option<u64>,
@@ -52,6 +53,19 @@ impl Sample {
     }
 }
 
+/// One judged device: its own verdict and its exact live bytes at each
+/// sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceResult {
+    pub device: Device,
+    pub verdict: Verdict,
+    /// Live bytes after each sample, aligned with [`Report::samples`].
+    pub levels: Vec<i64>,
+    /// In thread scope: bytes per iteration the process-wide count grew by
+    /// beyond what the counted threads explain, where it grew like a leak.
+    pub unexplained_bytes_per_iteration: Option<f64>,
+}
+
 /// Everything one leak test measured and concluded.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -59,7 +73,12 @@ pub struct Report {
     pub test: String,
     /// `file:line` of the test function, relative to its crate.
     pub location: Option<String>,
+    /// Where the body ran, and whose allocator and driver views are shown.
     pub device: Device,
+    /// The device the verdict is about: a failing one where any failed.
+    pub verdict_device: Device,
+    /// `"thread"` or `"process"`: whose allocations were counted.
+    pub scope: &'static str,
     pub settings: RunSettings,
     pub verdict: Verdict,
     /// Live bytes after setup, relative to before it (the setup form).
@@ -81,13 +100,16 @@ pub struct Report {
     pub references: Vec<crate::refs::Reference>,
     /// The files written for this report, once written.
     pub files: Option<ReportFiles>,
-    /// Allocations the test made on devices other than the measured one.
-    pub other_devices: Vec<(Device, HookView)>,
+    /// Every judged device (host memory always, and each CUDA device that
+    /// saw allocations), with its own verdict.
+    pub devices: Vec<DeviceResult>,
     /// Allocations and frees per iteration on the measured device (setup's
     /// included, so an upper estimate).
     pub events_per_iteration: f64,
     /// Advice for known patterns.
     pub hints: Vec<String>,
+    /// What the scope could and could not see.
+    pub notes: Vec<String>,
     pub elapsed: Duration,
 }
 
@@ -102,6 +124,12 @@ impl Report {
         if !self.passed() {
             panic!("{self}");
         }
+    }
+
+    /// One line for a passing test that names its real verdict (the
+    /// harness prints it; shown with `--nocapture`).
+    pub fn summary_line(&self) -> String {
+        text::passing_line(self)
     }
 
     /// Retained growth over the measured iterations (after minus before).

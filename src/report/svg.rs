@@ -21,6 +21,9 @@ pub const ALLOCATED_COLOR: &str = "#e07b00";
 pub const RESERVED_COLOR: &str = "#2a9d3c";
 pub const DRIVER_COLOR: &str = "#8e44ad";
 pub const THRESHOLD_COLOR: &str = "#d62728";
+/// Exact lines of the other judged devices (host memory when the body ran
+/// on CUDA, and the reverse).
+pub const OTHER_DEVICE_COLORS: [&str; 3] = ["#17becf", "#7f7f7f", "#bcbd22"];
 pub const WARMUP_SHADE: &str = "#e8e8e8";
 pub const ATTRIBUTION_SHADE: &str = "#fdf1d8";
 
@@ -52,12 +55,19 @@ fn tick_label(value: f64, unit: f64, name: &str) -> String {
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let n = samples.len().max(2);
-    let series: Vec<(&str, &str, &str, Vec<Option<f64>>)> = vec![
-        ("tensors alive (hook, exact)", LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
-        ("allocator allocated", ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
-        ("allocator reserved", RESERVED_COLOR, "8 4", samples.iter().map(|s| s.reserved_bytes.map(|v| v as f64)).collect()),
-        ("driver used", DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
+    let live = format!("tensors alive on {} (exact)", device_name(report.verdict_device));
+    let mut series: Vec<(String, &str, &str, Vec<Option<f64>>)> = vec![
+        (live, LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
+        ("allocator allocated".into(), ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
+        ("allocator reserved".into(), RESERVED_COLOR, "8 4", samples.iter().map(|s| s.reserved_bytes.map(|v| v as f64)).collect()),
+        ("driver used".into(), DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
     ];
+    // One exact line per other judged device, drawn under the main one.
+    let others = report.devices.iter().filter(|d| d.device != report.verdict_device && d.levels.len() == samples.len());
+    for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
+        let name = format!("tensors alive on {} (exact, {})", device_name(d.device), d.verdict.label());
+        series.insert(1, (name, color, "4 2", d.levels.iter().map(|&v| Some(v as f64)).collect()));
+    }
     // Every series as its change since the sample before the first measured
     // iteration, so they share an axis and a small leak is not flattened by
     // what setup and warm-up allocated; earlier points are clipped.
@@ -178,7 +188,7 @@ pub fn timeline(report: &Report) -> String {
         .iter()
         .zip(&relative)
         .filter(|(_, v)| v.iter().flatten().count() >= 2)
-        .map(|((name, color, _, _), _)| (*name, *color))
+        .map(|((name, color, _, _), _)| (name.as_str(), *color))
         .collect();
     if threshold.is_some() {
         entries.push(("threshold", THRESHOLD_COLOR));

@@ -19,6 +19,8 @@ fn headline(report: &Report) -> String {
     let what = match &report.verdict {
         Verdict::Clean => "clean".to_string(),
         Verdict::OneTimeRetention { .. } => "passed with one-time retention".to_string(),
+        Verdict::Plateau { .. } => "passed: plateau, not a leak".to_string(),
+        Verdict::WithinThreshold { .. } => "passed: growth within the threshold".to_string(),
         Verdict::Leak(_) => "LEAK".to_string(),
         Verdict::Bounded { .. } => "passed: bounded, not a leak".to_string(),
         Verdict::Suppressed { .. } => "passed with a suppressed leak".to_string(),
@@ -28,7 +30,60 @@ fn headline(report: &Report) -> String {
         Verdict::BodyError { .. } => "ERROR".to_string(),
     };
     let location = report.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
-    format!("gpu-leak-test: {what} in `{}`{location} on {}", report.test, device_name(report.device))
+    let body = if report.verdict_device != report.device {
+        format!(" (the body ran on {})", device_name(report.device))
+    } else {
+        String::new()
+    };
+    format!("gpu-leak-test: {what} in `{}`{location} on {}{body}", report.test, device_name(report.verdict_device))
+}
+
+/// One line for a passing test (shown with --nocapture): its real verdict.
+pub(crate) fn passing_line(report: &Report) -> String {
+    let what = match &report.verdict {
+        Verdict::Clean => "clean".to_string(),
+        Verdict::OneTimeRetention { bytes: kept, during: RetainedDuring::WarmUp } => {
+            format!("clean (warm-up kept {} once: one-time state, not a leak)", bytes((*kept).max(0) as u64))
+        }
+        Verdict::OneTimeRetention { bytes: kept, during: RetainedDuring::Iteration(i) } => {
+            format!("passed: one-time retention of {} in measured iteration {i}, then flat", bytes((*kept).max(0) as u64))
+        }
+        Verdict::Plateau { bytes: kept, settled_at } => format!(
+            "passed: plateau of {} that settled after measured iteration {settled_at} and stayed flat",
+            bytes((*kept).max(0) as u64)
+        ),
+        Verdict::WithinThreshold { retained_bytes, bytes_per_iteration } => format!(
+            "passed: grew {} ({} per iteration), within the threshold of {}",
+            bytes((*retained_bytes).max(0) as u64),
+            bytes(bytes_per_iteration.round().max(0.0) as u64),
+            bytes(report.settings.threshold_bytes)
+        ),
+        Verdict::Bounded { period: Some(p), .. } => {
+            format!("passed: bounded, a sawtooth that returns to the same trough every {p} iterations")
+        }
+        Verdict::Bounded { period: None, .. } => {
+            "passed: bounded, state replaced every iteration with a size that varies".to_string()
+        }
+        Verdict::Suppressed { bytes_per_iteration, .. } => format!(
+            "passed: a leak of {} per iteration, all at sites suppressed in gpu-leak-test.yaml",
+            bytes(bytes_per_iteration.round().max(0.0) as u64)
+        ),
+        other => other.label().to_string(),
+    };
+    let others: Vec<String> = report
+        .devices
+        .iter()
+        .filter(|d| d.device != report.verdict_device)
+        .map(|d| format!("{} {}", device_name(d.device), d.verdict.label()))
+        .collect();
+    let others = if others.is_empty() { String::new() } else { format!("; also judged: {}", others.join(", ")) };
+    format!(
+        "gpu-leak-test: {} {what} on {} over {} measured iterations ({} scope){others}",
+        report.test,
+        device_name(report.verdict_device),
+        report.settings.iterations,
+        report.scope
+    )
 }
 
 fn verdict_lines(report: &Report, out: &mut String) {
@@ -50,11 +105,13 @@ fn verdict_lines(report: &Report, out: &mut String) {
             let _ = writeln!(out, "  Retained {} {when}: one-time state, reported, not failed.", bytes(*kept as u64));
         }
         Verdict::Leak(leak) => {
+            let confirmation = leak.iterations.saturating_sub(s.iterations);
             let _ = writeln!(
                 out,
-                "  {} retained over {} measured iterations: {} per iteration (threshold {}).",
+                "  {} retained over {} measured iterations{}: {} per iteration (threshold {}).",
                 bytes(leak.retained_bytes.max(0) as u64),
-                leak.iterations,
+                leak.iterations.min(s.iterations),
+                if confirmation > 0 { format!(" and {confirmation} confirmation iterations") } else { String::new() },
                 bytes(leak.bytes_per_iteration.round() as u64),
                 bytes(s.threshold_bytes)
             );
@@ -64,14 +121,44 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 if leak.growing_iterations.len() == 1 { "" } else { "s" },
                 ranges(&leak.growing_iterations)
             );
+            if let Some((period, grown)) = leak.drift {
+                let every = if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
+                let _ = writeln!(out, "  It grew by exactly {} {every}, to the end of the confirmation window.", bytes(grown.max(0) as u64));
+            }
         }
-        Verdict::Bounded { retained_bytes } => {
+        Verdict::Plateau { bytes: kept, settled_at } => {
             let _ = writeln!(
                 out,
-                "  Live bytes ended {} higher, but everything still alive was allocated in the latest iteration and \
-                 the level did not rise every time: state replaced each iteration, not piling up.",
-                bytes((*retained_bytes).max(0) as u64)
+                "  Grew by {} up to measured iteration {settled_at}, then stayed flat for at least {} iterations: \
+                 a plateau (a cache that filled), reported, not failed.",
+                bytes((*kept).max(0) as u64),
+                s.iterations
             );
+        }
+        Verdict::WithinThreshold { retained_bytes, bytes_per_iteration } => {
+            let _ = writeln!(
+                out,
+                "  Grew {} ({} per iteration), at or under the threshold of {}.",
+                bytes((*retained_bytes).max(0) as u64),
+                bytes(bytes_per_iteration.round().max(0.0) as u64),
+                bytes(s.threshold_bytes)
+            );
+        }
+        Verdict::Bounded { retained_bytes, period } => {
+            let _ = match period {
+                Some(p) => writeln!(
+                    out,
+                    "  Live bytes rise and fall back to the same trough every {p} iterations: periodic release, \
+                     bounded, not a leak (ended {} above the baseline).",
+                    bytes((*retained_bytes).max(0) as u64)
+                ),
+                None => writeln!(
+                    out,
+                    "  Live bytes ended {} higher, but everything still alive was allocated in the latest iteration \
+                     and no site grew in every iteration: state replaced each iteration, not piling up.",
+                    bytes((*retained_bytes).max(0) as u64)
+                ),
+            };
         }
         Verdict::Suppressed { retained_bytes, bytes_per_iteration } => {
             let _ = writeln!(
@@ -276,6 +363,18 @@ fn series_line(samples: &[Sample], out: &mut String) {
     out.push('\n');
 }
 
+/// A device's level before the first measured iteration and after the last
+/// measured or confirmation one.
+fn measured_span(report: &Report, levels: &[i64]) -> (i64, i64) {
+    let measured = |s: &Sample| matches!(s.phase, Phase::Measure | Phase::Confirm);
+    let first = report.samples.iter().position(measured);
+    let last = report.samples.iter().rposition(measured);
+    match (first, last) {
+        (Some(f), Some(l)) => (if f > 0 { levels[f - 1] } else { 0 }, levels[l]),
+        _ => (0, 0),
+    }
+}
+
 /// A signed byte count without the exact figure, for dense rows.
 fn compact(value: i64) -> String {
     let sign = if value < 0 { "-" } else { "+" };
@@ -306,14 +405,22 @@ impl fmt::Display for Report {
                 bytes(self.peak_bytes.max(0) as u64)
             );
         }
-        for (device, view) in &self.other_devices {
-            let _ = writeln!(
-                out,
-                "  Also on {}: {} live from {} allocations (not measured by this test).",
-                device_name(*device),
-                signed_bytes(view.live_bytes),
-                thousands(view.allocations)
-            );
+        if self.devices.len() > 1 {
+            let _ = writeln!(out, "\n  Judged per device ({} scope):", self.scope);
+            for d in &self.devices {
+                let (first, last) = measured_span(self, &d.levels);
+                let _ = writeln!(
+                    out,
+                    "    {:<8} {:<20} {:>26} over the measured iterations{}",
+                    device_name(d.device),
+                    d.verdict.label(),
+                    signed_bytes(last - first),
+                    if d.device == self.verdict_device { "  <- this verdict" } else { "" }
+                );
+            }
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "\n  Note: {note}");
         }
         for hint in &self.hints {
             let _ = writeln!(out, "\n  Hint: {hint}");

@@ -1,0 +1,109 @@
+//! Bringing threads a test spawns into the running leak test's accounting.
+//!
+//! In process scope every thread counts already. In thread scope only the
+//! test's thread (and autograd's, during its `backward()`) does; a worker
+//! thread that makes tensors the test keeps must be brought in, or the leak
+//! goes unseen (the report then flags growth it cannot explain).
+//!
+//! ```no_run
+//! # use gpu_leak_test::current_test;
+//! // Inside a leak test's body:
+//! let test = current_test().expect("inside a leak test");
+//! // A std::thread:
+//! let kept = test.spawn(|| tch::Tensor::zeros([256], tch::kind::FLOAT_CPU)).join().unwrap();
+//! // A pool: every worker joins when it starts (rayon's `start_handler`,
+//! // tokio's `on_thread_start`).
+//! let test_for_workers = test.clone();
+//! let start_handler = move |_index: usize| test_for_workers.attach_current_thread();
+//! # let _ = (kept, start_handler);
+//! ```
+use crate::error::Result;
+use crate::probe::{HookGuard, Tracker};
+use std::cell::RefCell;
+
+/// The running leak test, as a handle that can travel to other threads.
+/// Get it with [`current_test`] inside the test.
+#[derive(Clone)]
+pub struct TestThreads {
+    /// `None` in process scope, where every thread is counted anyway.
+    tracker: Option<Tracker>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<TestThreads>> = const { RefCell::new(None) };
+    /// Guards of [`TestThreads::attach_current_thread`], dropped when the
+    /// thread ends (or by [`detach_current_thread`]).
+    static ATTACHED: RefCell<Vec<ThreadGuard>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The leak test running on this thread (or that this thread was brought
+/// into), if any.
+pub fn current_test() -> Option<TestThreads> {
+    CURRENT.with(|current| current.borrow().clone())
+}
+
+/// Ends what [`TestThreads::attach_current_thread`] started on this thread.
+pub fn detach_current_thread() {
+    let guards = ATTACHED.with(|attached| std::mem::take(&mut *attached.borrow_mut()));
+    drop(guards.into_iter().rev().collect::<Vec<_>>());
+}
+
+/// Counts this thread's allocations for the test until it drops. Must drop
+/// on the thread that made it.
+#[must_use = "the thread stops counting as soon as the guard drops"]
+pub struct ThreadGuard {
+    _hook: Option<HookGuard>,
+    previous: Option<TestThreads>,
+}
+
+impl Drop for ThreadGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = CURRENT.try_with(|current| *current.borrow_mut() = previous);
+    }
+}
+
+impl TestThreads {
+    pub(crate) fn new(tracker: Option<Tracker>) -> TestThreads {
+        TestThreads { tracker }
+    }
+
+    /// Makes this the current test on this thread until the guard drops (the
+    /// protocol does this on the test's thread).
+    pub(crate) fn set_current(&self) -> ThreadGuard {
+        let previous = CURRENT.with(|current| current.borrow_mut().replace(self.clone()));
+        ThreadGuard { _hook: None, previous }
+    }
+
+    /// Counts the current thread's allocations for the test until the guard
+    /// drops.
+    pub fn enter(&self) -> Result<ThreadGuard> {
+        let hook = self.tracker.as_ref().map(Tracker::enter).transpose()?;
+        let previous = CURRENT.with(|current| current.borrow_mut().replace(self.clone()));
+        Ok(ThreadGuard { _hook: hook, previous })
+    }
+
+    /// Counts the current thread's allocations for the test until the thread
+    /// ends: for pool threads, from rayon's `start_handler` or tokio's
+    /// `on_thread_start`. A failure is printed, not raised: those handlers
+    /// cannot return errors.
+    pub fn attach_current_thread(&self) {
+        match self.enter() {
+            Ok(guard) => ATTACHED.with(|attached| attached.borrow_mut().push(guard)),
+            Err(error) => eprintln!("gpu-leak-test: warning: this thread's allocations are not counted: {error}"),
+        }
+    }
+
+    /// `std::thread::spawn`, with the new thread counted for the test.
+    pub fn spawn<F, T>(&self, f: F) -> std::thread::JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let test = self.clone();
+        std::thread::spawn(move || {
+            let _guard = test.enter();
+            f()
+        })
+    }
+}
