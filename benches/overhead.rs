@@ -11,10 +11,15 @@
 //! 2. The cost of one stack capture, caching unwinder against libgcc's.
 //! 3. Sensitivity: the smallest per-iteration leak flagged, from a sweep
 //!    starting at one element.
-//! 4. False alarms over 1,000 runs of a varied clean scenario.
+//! 4. False alarms over 1,000 runs of a varied clean scenario, and over
+//!    1,000 runs of bounded shapes: plateaus that settle within the window
+//!    and sawtooths of every period up to the window, in every phase.
+//! 5. Misses over 1,000 runs of leaks every k-th iteration, k from 1 to
+//!    half the window, in every phase.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
+use gpu_leak_test::probe::process::Observation;
 use gpu_leak_test::probe::{cuda, stacks::Stack, Tracker};
 use gpu_leak_test::{LeakTest, Verdict};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,13 +80,17 @@ impl Step {
 enum Variant {
     Plain,
     Counting,
+    /// Every thread counted: the counting CPU allocator and the CUDA trace
+    /// tracker feed a tracker.
+    Process,
     Attribution,
 }
 
 /// Seconds per step for `steps` steps of one variant.
 fn time_variant(step: &mut Step, device: Device, variant: Variant, steps: usize) -> f64 {
+    let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
-    let hook = (variant != Variant::Plain).then(|| tracker.enter().unwrap());
+    let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
     if variant == Variant::Attribution {
         tracker.start_recording(1);
     }
@@ -97,6 +106,7 @@ fn time_variant(step: &mut Step, device: Device, variant: Variant, steps: usize)
     let elapsed = start.elapsed().as_secs_f64() / steps as f64;
     tracker.stop_recording();
     drop(hook);
+    drop(observation);
     elapsed
 }
 
@@ -108,22 +118,23 @@ fn summary(values: &mut [f64]) -> (f64, f64, f64) {
 fn step_overhead(device: Device, scale: &Scale) {
     let mut step = Step::new(device);
     // Warm-up: optimizer state, workspaces, the unwinder's module list.
-    for variant in [Variant::Plain, Variant::Counting, Variant::Attribution] {
+    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
+    for variant in variants {
         time_variant(&mut step, device, variant, 3);
     }
-    let variants = [Variant::Plain, Variant::Counting, Variant::Attribution];
     let mut plain_times = Vec::new();
-    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut ratios: [Vec<f64>; 3] = Default::default();
     for round in 0..scale.rounds {
-        let mut times = [0.0; 3];
-        for k in 0..3 {
+        let mut times = [0.0; 4];
+        for k in 0..variants.len() {
             // Rotate the order every round so drift hits every variant alike.
-            let index = (k + round) % 3;
+            let index = (k + round) % variants.len();
             times[index] = time_variant(&mut step, device, variants[index], scale.steps_per_round);
         }
         plain_times.push(times[0]);
-        ratios[0].push(times[1] / times[0]);
-        ratios[1].push(times[2] / times[0]);
+        for v in 1..variants.len() {
+            ratios[v - 1].push(times[v] / times[0]);
+        }
     }
     // Allocator events per step, from the hook itself.
     let tracker = Tracker::new();
@@ -153,7 +164,11 @@ fn step_overhead(device: Device, scale: &Scale) {
     );
     println!("| variant | ratio to plain: median | min | max |\n| --- | --- | --- | --- |");
     println!("| plain (no hook) | 1.000 | | |");
-    let names = ["passing leak test (hook, counting)", "attribution forced on (stack per allocation)"];
+    let names = [
+        "passing leak test, thread scope (hook, counting)",
+        "passing leak test, process scope (every thread, counting)",
+        "attribution forced on (stack per allocation)",
+    ];
     for (name, r) in names.into_iter().zip(ratios.iter_mut()) {
         let (median, min, max) = summary(r);
         println!("| {name} | {median:.3} | {min:.3} | {max:.3} |");
@@ -224,6 +239,9 @@ fn varied_clean_run(name: &str, device: &str, seed: u64) -> Verdict {
     let mut cache: Option<Tensor> = None;
     LeakTest::new(name)
         .device(device)
+        // Four at once next to an unhooked noise thread: the scope that
+        // keeps parallel tests apart.
+        .scope("thread")
         .run(|device| {
             // Shapes that change every iteration.
             let rows = 1 + next() % 64;
@@ -242,6 +260,87 @@ fn varied_clean_run(name: &str, device: &str, seed: u64) -> Verdict {
         })
         .unwrap()
         .verdict
+}
+
+/// A small xorshift generator: the benchmark's shapes are random but
+/// reproducible.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+const SHAPE_WINDOW: u32 = 10;
+const SHAPE_WARMUP: u32 = 2;
+
+/// One run of a scripted shape: the body keeps `kept(i)` blocks of `bytes`
+/// after iteration `i` (1-based, warm-up included).
+fn shape_run(name: &str, device: &str, elements: i64, kept: impl Fn(u32) -> usize) -> Verdict {
+    let mut held: Vec<Tensor> = Vec::new();
+    let mut iteration = 0u32;
+    LeakTest::new(name)
+        .device(device)
+        .scope("thread")
+        .warmup(SHAPE_WARMUP)
+        .iterations(SHAPE_WINDOW)
+        .run(|device| {
+            iteration += 1;
+            let want = kept(iteration);
+            held.truncate(want);
+            while held.len() < want {
+                held.push(Tensor::zeros([elements], (Kind::Float, device)));
+            }
+        })
+        .unwrap()
+        .verdict
+}
+
+/// Bounded shapes that must pass: plateaus that settle within the window,
+/// and sawtooths (build up over p - 1 iterations, release on the p-th) of
+/// every period up to the window plus one, in every phase.
+fn bounded_shape_alarms(device: &str, runs: usize) -> (usize, usize) {
+    let mut random = Random(0x9e3779b97f4a7c15);
+    let mut alarms = 0;
+    for run in 0..runs {
+        let elements = 1 + random.below(512) as i64;
+        let verdict = if run % 2 == 0 {
+            let settle = SHAPE_WARMUP + 1 + random.below(SHAPE_WINDOW as u64) as u32;
+            let step = 1 + random.below(3) as usize;
+            shape_run("plateau", device, elements, move |i| step * i.min(settle) as usize)
+        } else {
+            let period = 2 + random.below(SHAPE_WINDOW as u64) as u32;
+            let phase = random.below(period as u64) as u32;
+            shape_run("sawtooth", device, elements, move |i| ((i + phase) % period) as usize)
+        };
+        alarms += usize::from(verdict.is_failure());
+    }
+    (alarms, runs)
+}
+
+/// Leaks every k-th iteration, k from 1 to half the window, in every phase:
+/// each must fail.
+fn periodic_leak_misses(device: &str, runs: usize) -> Vec<(u32, usize, usize)> {
+    let mut random = Random(0x2545f4914f6cdd1d);
+    let ks = SHAPE_WINDOW / 2;
+    (1..=ks)
+        .map(|k| {
+            let per_k = runs.div_ceil(ks as usize);
+            let misses = (0..per_k)
+                .filter(|_| {
+                    let elements = 1 + random.below(256) as i64;
+                    let phase = random.below(k as u64) as u32;
+                    let verdict = shape_run("every_k", device, elements, move |i| ((i + phase) / k) as usize);
+                    !matches!(verdict, Verdict::Leak(_))
+                })
+                .count();
+            (k, misses, per_k)
+        })
+        .collect()
 }
 
 fn false_alarms(device: &str, runs: usize) -> (usize, usize) {
@@ -312,5 +411,21 @@ fn main() {
         let (alarms, runs) = false_alarms(device, scale.false_alarm_runs);
         println!("| {device} | {runs} | {alarms} |");
         assert!(full || alarms == 0, "false alarms in the smoke run");
+    }
+    println!("\n### Bounded shapes and periodic leaks (warm-up {SHAPE_WARMUP}, window {SHAPE_WINDOW}, threshold 0)\n");
+    println!(
+        "Plateaus settle at a random measured iteration within the window; sawtooths have periods 2 to {} in a random phase; \
+         leaks keep a random-sized tensor every k-th iteration in a random phase.\n",
+        SHAPE_WINDOW + 1
+    );
+    println!("| device | shapes | runs | wrong verdicts |\n| --- | --- | --- | --- |");
+    for device in if has_cuda { vec!["cpu", "cuda"] } else { vec!["cpu"] } {
+        let (alarms, runs) = bounded_shape_alarms(device, scale.false_alarm_runs);
+        println!("| {device} | plateaus and sawtooths (false alarms) | {runs} | {alarms} |");
+        assert!(full || alarms == 0, "false alarms on bounded shapes in the smoke run");
+        for (k, misses, runs) in periodic_leak_misses(device, scale.false_alarm_runs) {
+            println!("| {device} | leak every {k} iteration{} (misses) | {runs} | {misses} |", if k == 1 { "" } else { "s" });
+            assert!(full || misses == 0, "missed leaks in the smoke run");
+        }
     }
 }

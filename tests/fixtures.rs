@@ -137,7 +137,7 @@ impl<T: Clone> PerDevice<T> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Expect {
-    /// clean, one_time_retention, leak, peak_over_budget
+    /// clean, one_time_retention, plateau, within_threshold, bounded, leak, peak_over_budget
     verdict: PerDevice<String>,
     /// The step or retained value whose line the top site names:
     /// forward, loss, retain, gradient.
@@ -293,7 +293,8 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
 
 /// Loads a scenario; errors name the file, line, column and field.
 fn load(path: &Path) -> Result<Scenario, String> {
-    let display = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(path).display().to_string();
+    let root = manifest_dir();
+    let display = path.strip_prefix(&root).unwrap_or(path).display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: cannot read: {e}"))?;
     let scenario: Scenario = serde_yaml::from_str(&text).map_err(|e| match e.location() {
         Some(at) => {
@@ -304,7 +305,7 @@ fn load(path: &Path) -> Result<Scenario, String> {
         }
         None => format!("{display}: {e}"),
     })?;
-    let valid_verdicts = ["clean", "one_time_retention", "leak", "peak_over_budget"];
+    let valid_verdicts = ["clean", "one_time_retention", "plateau", "within_threshold", "bounded", "leak", "peak_over_budget"];
     let verdicts = match &scenario.expect.verdict {
         PerDevice::Same(v) => vec![v.clone()],
         PerDevice::Each { cpu, cuda } => vec![cpu.clone(), cuda.clone()],
@@ -414,9 +415,16 @@ fn isolation_trial(root: PathBuf) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let root = manifest_dir().join("fixtures");
     let mut trials = scenario_trials(&root.join("scenarios"));
     trials.extend(invalid_trials(&root.join("invalid")));
     trials.push(isolation_trial(root));
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// The crate's folder at run time: cargo and nextest set CARGO_MANIFEST_DIR
+/// (nextest remaps it when an archive runs from another checkout, where the
+/// build-time path does not exist).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
 }

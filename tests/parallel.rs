@@ -14,8 +14,11 @@ enum Body {
 
 fn run(body: Body, name: String) -> Verdict {
     let mut kept = Vec::new();
+    // Thread scope on purpose: this is the scope that keeps parallel tests
+    // apart (process scope would serialise them and count the noise).
     let report = LeakTest::new(name)
         .device("cpu")
+        .scope("thread")
         .run(|device| match body {
             Body::Clean => {
                 let _ = Tensor::ones([300], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);

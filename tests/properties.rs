@@ -61,22 +61,27 @@ fn allocate_at(site: usize, elements: i64) -> (Tensor, u32) {
     }
 }
 
-/// What the harness must find: retained bytes per iteration and the lines
-/// that retain them.
-fn ground_truth(program: &[Allocation]) -> (u64, BTreeSet<u32>) {
-    let kept: Vec<&Allocation> = program.iter().filter(|a| a.fate == Fate::KeptForGood).collect();
+/// What the harness must find in `scope`: retained bytes per iteration and
+/// the lines that retain them. Process scope also counts what helper
+/// threads allocate and the test keeps.
+fn ground_truth(program: &[Allocation], scope: &str) -> (u64, BTreeSet<u32>) {
+    let kept_for_good = |a: &&Allocation| {
+        a.fate == Fate::KeptForGood || (scope == "process" && a.fate == Fate::OnHelperThread { kept: true })
+    };
+    let kept: Vec<&Allocation> = program.iter().filter(kept_for_good).collect();
     let bytes = kept.iter().map(|a| a.elements as u64 * 4).sum();
     let lines = kept.iter().map(|a| allocate_at(a.site, 1).1).collect();
     (bytes, lines)
 }
 
-fn run_program(program: &[Allocation]) -> Report {
+fn run_program(program: &[Allocation], scope: &str) -> Report {
     let mut kept_for_good = Vec::new();
     let mut expiring: VecDeque<(u32, Tensor)> = VecDeque::new();
     let mut helper_kept = Vec::new();
     let mut iteration = 0u32;
     LeakTest::new("property")
         .device("cpu")
+        .scope(scope)
         .warmup(WARMUP)
         .iterations(5)
         .attribution_iterations(ATTRIBUTION_ITERATIONS)
@@ -106,9 +111,9 @@ fn run_program(program: &[Allocation]) -> Report {
         .unwrap()
 }
 
-fn check_program(program: &[Allocation]) -> Result<(), TestCaseError> {
-    let (bytes_per_iteration, lines) = ground_truth(program);
-    let report = run_program(program);
+fn check_program(program: &[Allocation], scope: &str) -> Result<(), TestCaseError> {
+    let (bytes_per_iteration, lines) = ground_truth(program, scope);
+    let report = run_program(program, scope);
     if bytes_per_iteration == 0 {
         prop_assert!(report.passed(), "nothing kept for good, yet:\n{report}");
         prop_assert!(!matches!(report.verdict, Verdict::Leak(_)));
@@ -141,8 +146,13 @@ proptest! {
     #![proptest_config(Config { cases: 40, ..Config::default() })]
 
     #[test]
-    fn verdict_bytes_and_sites_match_the_program(program in program()) {
-        check_program(&program)?;
+    fn verdict_bytes_and_sites_match_the_program_in_thread_scope(program in program()) {
+        check_program(&program, "thread")?;
+    }
+
+    #[test]
+    fn verdict_bytes_and_sites_match_the_program_in_process_scope(program in program()) {
+        check_program(&program, "process")?;
     }
 }
 
@@ -153,7 +163,7 @@ proptest! {
 fn a_failure_shrinks_to_a_minimal_program() {
     let mut runner = TestRunner::new(Config { cases: 64, failure_persistence: None, ..Config::default() });
     let result = runner.run(&program(), |program| {
-        let report = run_program(&program);
+        let report = run_program(&program, "thread");
         prop_assert!(!matches!(report.verdict, Verdict::Leak(_)), "leak");
         Ok(())
     });

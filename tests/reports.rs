@@ -51,20 +51,28 @@ fn leaking_report(device: &str, cache_line: &LineMark, unwatched_line: &LineMark
         .unwrap()
 }
 
+/// Iterations that ran before attribution: warm-up, measured, confirmation.
+fn iterations_before_attribution(report: &gpu_leak_test::Report) -> usize {
+    use gpu_leak_test::verdict::Phase;
+    report.samples.iter().filter(|s| matches!(s.phase, Phase::WarmUp | Phase::Measure | Phase::Confirm)).count()
+}
+
 fn references_name_the_state_that_holds_retained_tensors(device: &str) {
     let (cache_line, unwatched_line) = (LineMark::default(), LineMark::default());
     let report = leaking_report(device, &cache_line, &unwatched_line);
     println!("{report}");
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
     let reference = report.references.first().unwrap_or_else(|| panic!("no references:\n{report}"));
-    // 2 warm-up + 5 measured iterations came before the 3 attribution ones,
-    // whose tensors are the survivors: cache[7], cache[8], cache[9].
-    assert_eq!(reference.held_by, "state.cache[7..10]");
+    // The warm-up, measured and confirmation iterations came before the 3
+    // attribution ones, whose tensors are the survivors: cache[n..n + 3].
+    let n = iterations_before_attribution(&report);
+    assert_eq!(reference.held_by, format!("state.cache[{n}..{}]", n + 3));
     assert_eq!((reference.tensors, reference.shape.clone(), reference.bytes), (3, vec![32, 1000], 3 * 128_000));
     assert_eq!(reference.allocated_at.as_deref(), Some(cache_line.location(FILE).as_str()));
     let device_name = if device == "cpu" { "cpu".to_string() } else { "cuda:0".to_string() };
     let line = format!(
-        "retained 3 tensors [32, 1000] f32 {device_name} (375.00 KiB (384,000 B)) referenced from state.cache[7..10], allocated at {}",
+        "retained 3 tensors [32, 1000] f32 {device_name} (375.00 KiB (384,000 B)) referenced from state.cache[{n}..{}], allocated at {}",
+        n + 3,
         cache_line.location(FILE)
     );
     assert!(report.to_string().contains(&line), "{line}\nnot in\n{report}");
@@ -118,7 +126,8 @@ fn json_report_round_trips_with_its_schema_version() {
     assert_eq!(parsed.device, "cpu");
     assert!(!parsed.passed);
     assert_eq!(parsed.samples.len(), report.samples.len());
-    assert_eq!(parsed.references[0].held_by, "state.cache[7..10]");
+    let n = iterations_before_attribution(&report);
+    assert_eq!(parsed.references[0].held_by, format!("state.cache[{n}..{}]", n + 3));
     assert_eq!(parsed.sites[0].location.as_deref(), Some(a.location(FILE).as_str()));
     // Field names are the documented ones.
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -238,7 +247,9 @@ fn suppressed_sites_are_listed_but_not_counted() {
     let root = crate_with_config("suppress_one", &yaml);
     let report = run(&root);
     println!("{report}");
-    assert_eq!(report.verdict, Verdict::Suppressed { retained_bytes: 160, bytes_per_iteration: 32.0 }, "{report}");
+    let Verdict::Leak(leak) = &unconfigured.verdict else { unreachable!() };
+    let retained_bytes = 32 * leak.iterations as i64;
+    assert_eq!(report.verdict, Verdict::Suppressed { retained_bytes, bytes_per_iteration: 32.0 }, "{report}");
     assert!(report.passed());
     let site = report.top_site().unwrap();
     assert_eq!(site.suppressed_by.as_deref(), Some("a bounded cache in this fixture"));
