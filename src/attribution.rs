@@ -74,7 +74,7 @@ impl Attribution {
     /// `file:line`, on the function, or on the line that called a helper)
     /// and returns their bytes per iteration.
     pub fn apply_suppressions(&mut self, device: Device, suppressions: &[crate::config::Suppression]) -> f64 {
-        use crate::config_file::glob_match;
+        use crate::config::glob_match;
         let mut suppressed = 0.0;
         for site in self.sites.iter_mut().filter(|s| s.device == device) {
             let names = [&site.location, &site.function, &site.called_from];

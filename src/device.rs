@@ -23,16 +23,12 @@ impl FromStr for DeviceChoice {
     type Err = String;
 
     fn from_str(text: &str) -> std::result::Result<Self, String> {
-        match text.trim() {
-            "auto" => Ok(DeviceChoice::Auto),
-            "cpu" => Ok(DeviceChoice::Cpu),
-            "cuda" => Ok(DeviceChoice::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceChoice::Cuda)
-                .ok_or_else(|| format!("{other:?} is not a device; use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")),
-        }
+        use crate::config::values::DeviceValue;
+        Ok(match crate::config::values::device(text)? {
+            DeviceValue::Auto => DeviceChoice::Auto,
+            DeviceValue::Cpu => DeviceChoice::Cpu,
+            DeviceValue::Cuda(index) => DeviceChoice::Cuda(index),
+        })
     }
 }
 

@@ -30,12 +30,12 @@ impl FromStr for Scope {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "auto" => Ok(Scope::Auto),
-            "thread" => Ok(Scope::Thread),
-            "process" => Ok(Scope::Process),
-            other => Err(format!("{other:?} is not a scope; use \"auto\", \"thread\" or \"process\"")),
-        }
+        use crate::config::values::ScopeValue;
+        Ok(match crate::config::values::scope(text)? {
+            ScopeValue::Auto => Scope::Auto,
+            ScopeValue::Thread => Scope::Thread,
+            ScopeValue::Process => Scope::Process,
+        })
     }
 }
 

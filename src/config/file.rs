@@ -15,7 +15,7 @@
 //!   - tests: "slow::*"
 //!     settings: { iterations: 3 }
 //! ```
-use crate::device::DeviceChoice;
+use super::Options;
 use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -24,22 +24,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub const CONFIG_FILE_NAME: &str = "gpu-leak-test.yaml";
 
-/// Settings a file can give, in `defaults` or an override.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSettings {
-    pub iterations: Option<u32>,
-    pub warmup: Option<u32>,
-    pub threshold_mb: Option<f64>,
-    pub peak_mb: Option<f64>,
-    pub device: Option<String>,
-    pub attribution_iterations: Option<u32>,
-    /// `auto`, `thread` or `process`.
-    pub scope: Option<String>,
-    /// Relative to the file's folder.
-    pub report_dir: Option<String>,
-    pub plots: Option<Plots>,
-}
+/// Settings a file can give, in `defaults` or an override: the same table
+/// as the attribute's.
+pub type FileSettings = Options;
 
 /// Which tests get an SVG timeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -161,30 +148,7 @@ impl ConfigFile {
             sections.push((format!("overrides[{i}].settings"), &o.settings));
         }
         for (section, s) in sections {
-            let check_mb = |key: &str, value: Option<f64>, zero_allowed: bool| -> Result<()> {
-                match value {
-                    Some(v) if !(v.is_finite() && (v > 0.0 || (zero_allowed && v == 0.0))) => Err(error(
-                        line_of(text, key, Some(&v.to_string())),
-                        format!("{section}.{key}: {v} MiB is not allowed; use a {} number", if zero_allowed { "non-negative" } else { "positive" }),
-                    )),
-                    _ => Ok(()),
-                }
-            };
-            check_mb("threshold_mb", s.threshold_mb, true)?;
-            check_mb("peak_mb", s.peak_mb, false)?;
-            if s.iterations == Some(0) {
-                return Err(error(line_of(text, "iterations", Some("0")), format!("{section}.iterations: must be at least 1")));
-            }
-            if let Some(device) = &s.device {
-                device
-                    .parse::<DeviceChoice>()
-                    .map_err(|m| error(line_of(text, "device", Some(device)), format!("{section}.device: {m}")))?;
-            }
-            if let Some(scope) = &s.scope {
-                scope
-                    .parse::<crate::scope::Scope>()
-                    .map_err(|m| error(line_of(text, "scope", Some(scope)), format!("{section}.scope: {m}")))?;
-            }
+            s.validate(|key, value| format!("{display}:{}: {section}.{key}", line_of(text, key, Some(value))))?;
         }
         for (i, suppression) in config.suppressions.iter().enumerate() {
             if suppression.reason.trim().is_empty() {
@@ -224,15 +188,10 @@ impl ConfigFile {
             ..Default::default()
         };
         let mut apply = |from: &FileSettings, source: String| {
-            macro_rules! take {
-                ($($key:ident),*) => {$(
-                    if from.$key.is_some() {
-                        layer.settings.$key = from.$key.clone();
-                        layer.sources.insert(stringify!($key), format!("{file} ({source}.{})", stringify!($key)));
-                    }
-                )*};
+            for key in from.keys() {
+                layer.sources.insert(key, format!("{file} ({source}.{key})"));
             }
-            take!(iterations, warmup, threshold_mb, peak_mb, device, attribution_iterations, scope, report_dir, plots);
+            layer.settings = from.clone().or(std::mem::take(&mut layer.settings));
         };
         apply(&self.defaults, "defaults".into());
         for (i, o) in self.overrides.iter().enumerate() {

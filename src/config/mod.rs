@@ -1,7 +1,12 @@
 //! Settings resolved at run time: attribute values first, then
 //! `GPU_LEAK_TEST_*` environment variables, then `gpu-leak-test.yaml`, then
 //! defaults.
-pub use crate::config_file::{ConfigFile, FileLayer, Plots, Suppression};
+mod file;
+mod options;
+
+pub use file::{glob_match, ConfigFile, FileLayer, Plots, Suppression, CONFIG_FILE_NAME};
+pub use options::Options;
+pub(crate) use options::values;
 use crate::error::{Error, Result};
 
 /// Set to 1 on GPU runners: a test that finds no CUDA device then fails
@@ -71,19 +76,6 @@ pub const DEFAULT_ATTRIBUTION_ITERATIONS: u32 = 3;
 /// `torch.cuda.memory_allocated() / 1024**2` does.
 pub const MIB: f64 = 1024.0 * 1024.0;
 
-/// Values given in the attribute (or the builder); `None` where not given.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Overrides {
-    pub threshold_mb: Option<f64>,
-    pub iterations: Option<u32>,
-    pub warmup: Option<u32>,
-    pub device: Option<String>,
-    pub peak_mb: Option<f64>,
-    pub attribution_iterations: Option<u32>,
-    /// `"auto"`, `"thread"` or `"process"`; see [`crate::scope`].
-    pub scope: Option<String>,
-}
-
 /// Fully resolved settings of one leak test.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -121,14 +113,6 @@ pub fn mb_to_bytes(mb: f64) -> u64 {
     (mb * MIB).round() as u64
 }
 
-/// One setting's value and where it came from.
-type Sourced<T> = (String, T);
-
-/// The first of attribute, environment and file that has a value.
-fn first<T>(attribute: Option<Sourced<T>>, env: Option<Sourced<T>>, file: Option<Sourced<T>>) -> Option<Sourced<T>> {
-    attribute.or(env).or(file)
-}
-
 impl Settings {
     pub fn threshold_bytes(&self) -> u64 {
         mb_to_bytes(self.threshold_mb)
@@ -140,7 +124,7 @@ impl Settings {
 
     /// Attribute first, then `GPU_LEAK_TEST_*` variables, then
     /// `gpu-leak-test.yaml` in `crate_root` (if any), then defaults.
-    pub fn resolve(attribute: &Overrides, test: &str, crate_root: Option<&std::path::Path>) -> Result<Settings> {
+    pub fn resolve(attribute: &Options, test: &str, crate_root: Option<&std::path::Path>) -> Result<Settings> {
         let file = match crate_root {
             Some(root) => ConfigFile::load(root)?.map(|config| config.layer_for(test)),
             None => None,
@@ -149,118 +133,40 @@ impl Settings {
     }
 
     /// [`Settings::resolve`] with the environment and the file passed in.
+    /// Each layer is checked once, naming its source; the file's layers were
+    /// checked when it was parsed.
     pub fn resolve_with(
-        attribute: &Overrides,
+        attribute: &Options,
         env: impl Fn(&str) -> Result<Option<String>>,
         file: Option<&FileLayer>,
     ) -> Result<Settings> {
+        attribute.validate(|key, _| format!("attribute `{key}`"))?;
+        let environment = Options::from_env(&env)?;
+        let env_name = |key: &str| Options::ENVIRONMENT.iter().find(|(k, _)| *k == key).map(|(_, e)| *e).unwrap_or("?");
+        environment.validate(|key, _| format!("environment variable {}", env_name(key)))?;
+        // A report_dir from the file is relative to the file's folder.
+        let file_options = file.map(|f| {
+            let mut options = f.settings.clone();
+            options.report_dir = options.report_dir.map(|dir| f.folder.join(dir).display().to_string());
+            options
+        });
+        let above_file = attribute.clone().or(environment);
+        let merged = above_file.or(file_options.unwrap_or_default());
         let defaults = Settings::default();
-        let attr = |key: &str| format!("attribute `{key}`");
-        let from_env = |name: &str| -> Result<Option<(String, String)>> {
-            Ok(env(name)?.filter(|v| !v.trim().is_empty()).map(|v| (format!("environment variable {name}"), v)))
-        };
-        let env_number = |name: &str| -> Result<Option<Sourced<u32>>> {
-            from_env(name)?.map(|(source, text)| Ok((source.clone(), parse_number(&source, &text)?))).transpose()
-        };
-        let env_mb = |name: &str| -> Result<Option<Sourced<f64>>> {
-            from_env(name)?.map(|(source, text)| Ok((source.clone(), parse_number(&source, &text)?))).transpose()
-        };
-        let from_file = |key: &'static str, value: Option<u32>| value.map(|v| (file.map(|f| f.source(key)).unwrap_or_default(), v));
-        let from_file_mb = |key: &'static str, value: Option<f64>| value.map(|v| (file.map(|f| f.source(key)).unwrap_or_default(), v));
-        let fs = file.map(|f| f.settings.clone()).unwrap_or_default();
-
-        let iterations = first(
-            attribute.iterations.map(|v| (attr("iterations"), v)),
-            env_number("GPU_LEAK_TEST_ITERATIONS")?,
-            from_file("iterations", fs.iterations),
-        );
-        if let Some((source, 0)) = &iterations {
-            return Err(Error::Config {
-                source: source.clone(),
-                message: "iterations must be at least 1 (2 or more to tell a leak from one-time retention)".into(),
-            });
+        fn parsed<T: std::str::FromStr>(text: Option<String>) -> Option<T> {
+            text.map(|t| t.parse().ok().expect("validated above"))
         }
-        let warmup = first(
-            attribute.warmup.map(|v| (attr("warmup"), v)),
-            env_number("GPU_LEAK_TEST_WARMUP")?,
-            from_file("warmup", fs.warmup),
-        );
-        let attribution_iterations = first(
-            attribute.attribution_iterations.map(|v| (attr("attribution_iterations"), v)),
-            env_number("GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS")?,
-            from_file("attribution_iterations", fs.attribution_iterations),
-        );
-        let threshold_mb = first(
-            attribute.threshold_mb.map(|v| (attr("threshold_mb"), v)),
-            env_mb("GPU_LEAK_TEST_THRESHOLD_MB")?,
-            from_file_mb("threshold_mb", fs.threshold_mb),
-        );
-        let threshold_mb = match threshold_mb {
-            Some((source, v)) => check_mb(&source, v, true)?,
-            None => defaults.threshold_mb,
-        };
-        let peak_mb = first(
-            attribute.peak_mb.map(|v| (attr("peak_mb"), v)),
-            env_mb("GPU_LEAK_TEST_PEAK_MB")?,
-            from_file_mb("peak_mb", fs.peak_mb),
-        );
-        let peak_mb = peak_mb.map(|(source, v)| check_mb(&source, v, false)).transpose()?;
-        let device = first(
-            attribute.device.clone().map(|v| (attr("device"), v)),
-            from_env("GPU_LEAK_TEST_DEVICE")?,
-            fs.device.clone().map(|v| (file.map(|f| f.source("device")).unwrap_or_default(), v)),
-        )
-        .unwrap_or_else(|| (String::new(), "auto".into()));
-        let device = device.1.parse().map_err(|message| Error::Config { source: device.0, message })?;
-        let scope = first(
-            attribute.scope.clone().map(|v| (attr("scope"), v)),
-            from_env("GPU_LEAK_TEST_SCOPE")?,
-            fs.scope.clone().map(|v| (file.map(|f| f.source("scope")).unwrap_or_default(), v)),
-        )
-        .map(|(source, text)| text.parse().map_err(|message| Error::Config { source, message }))
-        .transpose()?
-        .unwrap_or_default();
-        let report_dir = match from_env("GPU_LEAK_TEST_REPORT_DIR")? {
-            Some((_, dir)) => Some(std::path::PathBuf::from(dir)),
-            None => file.and_then(|f| f.settings.report_dir.as_ref().map(|dir| f.folder.join(dir))),
-        };
-        let plots = match from_env("GPU_LEAK_TEST_PLOTS")? {
-            Some((source, text)) => text.parse().map_err(|message| Error::Config { source, message })?,
-            None => fs.plots.unwrap_or_default(),
-        };
         Ok(Settings {
-            device,
-            warmup: warmup.map(|(_, v)| v).unwrap_or(defaults.warmup),
-            iterations: iterations.map(|(_, v)| v).unwrap_or(defaults.iterations),
-            threshold_mb,
-            peak_mb,
-            attribution_iterations: attribution_iterations.map(|(_, v)| v).unwrap_or(defaults.attribution_iterations),
-            scope,
-            report_dir,
-            plots,
+            device: parsed(merged.device).unwrap_or(defaults.device),
+            warmup: merged.warmup.unwrap_or(defaults.warmup),
+            iterations: merged.iterations.unwrap_or(defaults.iterations),
+            threshold_mb: merged.threshold_mb.unwrap_or(defaults.threshold_mb),
+            peak_mb: merged.peak_mb,
+            attribution_iterations: merged.attribution_iterations.unwrap_or(defaults.attribution_iterations),
+            scope: parsed(merged.scope).unwrap_or(defaults.scope),
+            report_dir: merged.report_dir.map(std::path::PathBuf::from),
+            plots: merged.plots.unwrap_or_default(),
             suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),
-        })
-    }
-}
-
-fn parse_number<T: std::str::FromStr>(source: &str, text: &str) -> Result<T> {
-    text.trim().parse().map_err(|_| Error::Config {
-        source: source.to_string(),
-        message: format!(
-            "{text:?} is not a valid {}",
-            if std::any::type_name::<T>() == "f64" { "number of MiB" } else { "whole number" }
-        ),
-    })
-}
-
-fn check_mb(source: &str, value: f64, zero_allowed: bool) -> Result<f64> {
-    let valid = value.is_finite() && (value > 0.0 || (zero_allowed && value == 0.0));
-    if valid {
-        Ok(value)
-    } else {
-        Err(Error::Config {
-            source: source.to_string(),
-            message: format!("{value} MiB is not allowed; use a {} number", if zero_allowed { "non-negative" } else { "positive" }),
         })
     }
 }
@@ -276,13 +182,13 @@ mod settings_tests {
 
     #[test]
     fn defaults_without_anything() {
-        assert_eq!(Settings::resolve_with(&Overrides::default(), env(&[]), None).unwrap(), Settings::default());
+        assert_eq!(Settings::resolve_with(&Options::default(), env(&[]), None).unwrap(), Settings::default());
     }
 
     #[test]
     fn attribute_beats_environment_beats_default() {
         let vars = env(&[("GPU_LEAK_TEST_ITERATIONS", "9"), ("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "0.5")]);
-        let attribute = Overrides { iterations: Some(3), device: Some("cpu".into()), ..Default::default() };
+        let attribute = Options { iterations: Some(3), device: Some("cpu".into()), ..Default::default() };
         let settings = Settings::resolve_with(&attribute, vars, None).unwrap();
         assert_eq!(settings.iterations, 3);
         assert_eq!(settings.warmup, 4);
@@ -300,7 +206,7 @@ mod settings_tests {
         .unwrap();
         let file = config.layer_for("any::test");
         let vars = env(&[("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "1")]);
-        let attribute = Overrides { threshold_mb: Some(0.5), ..Default::default() };
+        let attribute = Options { threshold_mb: Some(0.5), ..Default::default() };
         let s = Settings::resolve_with(&attribute, vars, Some(&file)).unwrap();
         assert_eq!(s.threshold_mb, 0.5, "attribute over environment and file");
         assert_eq!(s.warmup, 4, "environment over file");
@@ -315,13 +221,13 @@ mod settings_tests {
 
     #[test]
     fn malformed_values_name_their_source() {
-        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "five")]), None).unwrap_err();
+        let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "five")]), None).unwrap_err();
         assert_eq!(err.to_string(), "environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number");
-        let err = Settings::resolve_with(&Overrides::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")]), None).unwrap_err();
+        let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")]), None).unwrap_err();
         assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_THRESHOLD_MB: -1 MiB"), "{err}");
-        let err = Settings::resolve_with(&Overrides { device: Some("tpu".into()), ..Default::default() }, env(&[]), None).unwrap_err();
+        let err = Settings::resolve_with(&Options { device: Some("tpu".into()), ..Default::default() }, env(&[]), None).unwrap_err();
         assert!(err.to_string().starts_with("attribute `device`: \"tpu\" is not a device"), "{err}");
-        let err = Settings::resolve_with(&Overrides { iterations: Some(0), ..Default::default() }, env(&[]), None).unwrap_err();
-        assert!(err.to_string().starts_with("attribute `iterations`: iterations must be at least 1"), "{err}");
+        let err = Settings::resolve_with(&Options { iterations: Some(0), ..Default::default() }, env(&[]), None).unwrap_err();
+        assert!(err.to_string().starts_with("attribute `iterations`: must be at least 1"), "{err}");
     }
 }
