@@ -18,7 +18,6 @@
 //! it. The allocator's and the driver's views are shown beside it.
 pub mod attribution;
 pub mod config;
-pub mod config_file;
 pub mod device;
 pub mod error;
 mod ffi;
@@ -26,28 +25,20 @@ pub mod probe;
 pub mod protocol;
 pub mod refs;
 pub mod report;
-mod runtime;
+mod leak_test;
 pub mod scope;
 mod threads;
 pub mod verdict;
 
-pub use config::{Overrides, Settings};
+pub use config::{Options, Settings};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
-pub use protocol::LeakTest;
+pub use leak_test::{cuda_device_or_skip, LeakTest};
 pub use refs::{watch, TensorRefs};
 pub use report::Report;
-pub use runtime::cuda_device_or_skip;
 pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard};
 pub use tch;
 pub use verdict::Verdict;
 
-/// What the `#[gpu_leak_test]` expansion calls. Not a public API.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::config::Overrides;
-    pub use crate::runtime::{run_body, run_fallible, run_setup, TestInfo};
-    pub use tch::Device;
-}

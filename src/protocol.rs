@@ -1,9 +1,9 @@
 //! The measurement protocol: warm-up, measured iterations with a sample after
 //! each, a verdict from the exact hook, and attribution only when it fails.
 use crate::attribution::{self, Attribution};
-use crate::config::{Overrides, Settings};
+use crate::config::Settings;
 use crate::device;
-use crate::error::Result;
+use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
 use crate::probe::{Snapshot, Tracker};
 use crate::report::{DeviceResult, Report, RunSettings, Sample};
@@ -12,166 +12,24 @@ use crate::threads::TestThreads;
 use crate::verdict::{self, Phase, RetainedDuring, Series, Verdict};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::time::Instant;
 use tch::Device;
 
-/// A leak test, configured with a builder and run with [`LeakTest::run`]
-/// (body once per iteration) or [`LeakTest::run_with_setup`] (setup once,
-/// then an iteration closure).
-///
-/// ```no_run
-/// use gpu_leak_test::LeakTest;
-/// use tch::{Kind, Tensor};
-///
-/// let mut kept = Vec::new();
-/// let report = LeakTest::new("keeps_tensors")
-///     .device("cpu")
-///     .iterations(5)
-///     .run(|device| kept.push(Tensor::zeros([256], (Kind::Float, device))))
-///     .unwrap();
-/// assert!(!report.passed());
-/// ```
-#[derive(Debug, Clone)]
-pub struct LeakTest {
-    name: String,
-    location: Option<String>,
-    root: Option<PathBuf>,
-    overrides: Overrides,
-    require_cuda: bool,
+/// The protocol, on a resolved device. `setup` returns the iteration.
+pub(crate) fn measure<I>(
+    test: &LeakTest,
+    settings: &Settings,
+    device: Device,
+    setup: impl FnOnce(Device) -> std::result::Result<I, String>,
+) -> Report
+where
+    I: FnMut() -> std::result::Result<(), String>,
+{
+    test.execute(settings, device, setup)
 }
 
 impl LeakTest {
-    pub fn new(name: impl Into<String>) -> Self {
-        LeakTest { name: name.into(), location: None, root: None, overrides: Overrides::default(), require_cuda: false }
-    }
-
-    /// Builds from attribute-style overrides (what the macro passes).
-    pub fn with_overrides(name: impl Into<String>, overrides: Overrides) -> Self {
-        LeakTest { overrides, ..Self::new(name) }
-    }
-
-    /// `"auto"`, `"cpu"`, `"cuda"` or `"cuda:N"`; checked when the test runs.
-    pub fn device(mut self, device: impl Into<String>) -> Self {
-        self.overrides.device = Some(device.into());
-        self
-    }
-
-    pub fn warmup(mut self, iterations: u32) -> Self {
-        self.overrides.warmup = Some(iterations);
-        self
-    }
-
-    pub fn iterations(mut self, iterations: u32) -> Self {
-        self.overrides.iterations = Some(iterations);
-        self
-    }
-
-    /// Retained growth over the measured iterations that still passes, in MiB.
-    pub fn threshold_mb(mut self, mb: f64) -> Self {
-        self.overrides.threshold_mb = Some(mb);
-        self
-    }
-
-    /// Budget for the highest live bytes, in MiB.
-    pub fn peak_mb(mut self, mb: f64) -> Self {
-        self.overrides.peak_mb = Some(mb);
-        self
-    }
-
-    /// `"auto"` (default), `"thread"` or `"process"`: whose allocations
-    /// count (see [`crate::scope`]); checked when the test runs.
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.overrides.scope = Some(scope.into());
-        self
-    }
-
-    pub fn attribution_iterations(mut self, iterations: u32) -> Self {
-        self.overrides.attribution_iterations = Some(iterations);
-        self
-    }
-
-    /// Where the test is (`file:line`) and the crate root its paths are
-    /// shown relative to.
-    pub fn location(mut self, location: impl Into<String>, crate_root: impl Into<PathBuf>) -> Self {
-        self.location = Some(location.into());
-        self.root = Some(crate_root.into());
-        self
-    }
-
-    /// Fail instead of falling back to the CPU when `device = "auto"` finds
-    /// no CUDA (GPU_LEAK_TEST_REQUIRE_CUDA=1 does the same).
-    pub fn require_cuda(mut self, required: bool) -> Self {
-        self.require_cuda = required;
-        self
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The settings after attribute, environment, config file and defaults.
-    pub fn settings(&self) -> Result<Settings> {
-        Settings::resolve(&self.overrides, &self.name, self.crate_root().as_deref())
-    }
-
-    /// The folder of the crate under test, where `gpu-leak-test.yaml` lives:
-    /// the one given to [`LeakTest::location`] where it exists, else
-    /// CARGO_MANIFEST_DIR at run time, which cargo and nextest set (nextest
-    /// remaps it when it runs an archive on a machine where the build-time
-    /// path does not exist).
-    pub fn crate_root(&self) -> Option<PathBuf> {
-        let runtime = || std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).filter(|p| p.is_dir());
-        self.root.clone().filter(|root| root.is_dir()).or_else(runtime)
-    }
-
-    /// Resolves settings (attribute, environment, defaults) and the device.
-    pub fn resolve(&self) -> Result<(Settings, Device)> {
-        let settings = self.settings()?;
-        let require_cuda = self.require_cuda || crate::config::cuda_required()?;
-        let device = settings.device.resolve(require_cuda)?;
-        Ok((settings, device))
-    }
-
-    /// Runs `body` once per iteration. Leaks come through what outlives an
-    /// iteration: statics, caches, captured collections, leaked boxes.
-    pub fn run(&self, mut body: impl FnMut(Device)) -> Result<Report> {
-        self.run_with_setup(move |device| move || body(device))
-    }
-
-    /// Runs `setup` once, then the closure it returns once per iteration.
-    /// Leaks come through state the closure owns, as in a training loop
-    /// that keeps every loss.
-    pub fn run_with_setup<I: FnMut()>(&self, setup: impl FnOnce(Device) -> I) -> Result<Report> {
-        let (settings, device) = self.resolve()?;
-        Ok(self.execute_setup_form(&settings, device, setup))
-    }
-
-    /// [`LeakTest::run_with_setup`] on resolved settings and device.
-    pub(crate) fn execute_setup_form<I: FnMut()>(
-        &self,
-        settings: &Settings,
-        device: Device,
-        setup: impl FnOnce(Device) -> I,
-    ) -> Report {
-        self.execute(settings, device, |device| {
-            let mut iteration = setup(device);
-            Ok(move || {
-                iteration();
-                Ok(())
-            })
-        })
-    }
-
-    /// Like [`LeakTest::run`] for a body that returns `Result`: an `Err`
-    /// stops the test with [`Verdict::BodyError`].
-    pub fn try_run<E: std::fmt::Debug>(&self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> Result<Report> {
-        let (settings, device) = self.resolve()?;
-        Ok(self.execute(&settings, device, move |device| Ok(move || body(device).map_err(|e| format!("{e:?}")))))
-    }
-
-    /// The protocol, on a resolved device. `setup` returns the iteration.
-    pub(crate) fn execute<I>(
+    fn execute<I>(
         &self,
         settings: &Settings,
         device: Device,

@@ -1,19 +1,16 @@
 //! Environment variables at run time. One test in its own binary, since the
 //! environment is shared by every thread of a process.
-use gpu_leak_test::__private::{run_body, Overrides, TestInfo};
+use gpu_leak_test::{LeakTest, Options};
 use std::panic::catch_unwind;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
-const INFO: TestInfo = TestInfo {
-    name: "env_case",
-    module: module_path!(),
-    file: file!(),
-    line: line!(),
-    manifest_dir: env!("CARGO_MANIFEST_DIR"),
-};
+/// What `#[gpu_leak_test]` expands into, with the attribute's `options`.
+fn run_body(options: Options, body: impl FnMut(Device)) {
+    LeakTest::new("env_case").location(concat!(file!(), ":", line!()), env!("CARGO_MANIFEST_DIR")).options(options).check(body)
+}
 
-fn cpu() -> Overrides {
-    Overrides { device: Some("cpu".into()), ..Default::default() }
+fn cpu() -> Options {
+    Options { device: Some("cpu".into()), ..Default::default() }
 }
 
 fn panic_text(result: std::thread::Result<()>) -> String {
@@ -25,7 +22,7 @@ fn panic_text(result: std::thread::Result<()>) -> String {
 fn environment_overrides_and_malformed_values() {
     // A malformed value fails the test and names the variable.
     std::env::set_var("GPU_LEAK_TEST_ITERATIONS", "five");
-    let text = panic_text(catch_unwind(|| run_body(INFO, cpu(), |_| {})));
+    let text = panic_text(catch_unwind(|| run_body(cpu(), |_| {})));
     assert!(text.contains("environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number"), "{text}");
 
     // A valid value changes the run; the attribute still wins over it.
@@ -33,23 +30,23 @@ fn environment_overrides_and_malformed_values() {
     std::env::set_var("GPU_LEAK_TEST_WARMUP", "1");
     let mut kept = Vec::new();
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+        run_body(cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
     })));
     assert!(text.contains("over 3 measured iterations"), "{text}");
     assert!(text.contains("Ran 1 warm-up + 3 measured iterations"), "{text}");
-    let attribute = Overrides { iterations: Some(4), ..cpu() };
+    let attribute = Options { iterations: Some(4), ..cpu() };
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_body(INFO, attribute, |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+        run_body(attribute, |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
     })));
     assert!(text.contains("over 4 measured iterations"), "{text}");
 
     // A threshold from the environment lets small growth pass.
     std::env::set_var("GPU_LEAK_TEST_THRESHOLD_MB", "1");
-    run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))));
+    run_body(cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))));
 
     // A malformed GPU_LEAK_TEST_REQUIRE_CUDA is an error too, where it is read.
     std::env::set_var("GPU_LEAK_TEST_REQUIRE_CUDA", "perhaps");
-    let text = panic_text(catch_unwind(|| run_body(INFO, Overrides { device: Some("auto".into()), ..Default::default() }, |_| {})));
+    let text = panic_text(catch_unwind(|| run_body(Options { device: Some("auto".into()), ..Default::default() }, |_| {})));
     assert!(text.contains("GPU_LEAK_TEST_REQUIRE_CUDA"), "{text}");
     std::env::remove_var("GPU_LEAK_TEST_REQUIRE_CUDA");
     std::env::remove_var("GPU_LEAK_TEST_THRESHOLD_MB");
@@ -59,7 +56,7 @@ fn environment_overrides_and_malformed_values() {
     let _ = std::fs::remove_dir_all(&dir);
     std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &dir);
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+        run_body(cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
     })));
     assert!(dir.join("env_case.cpu.json").is_file() && dir.join("env_case.cpu.svg").is_file(), "{text}");
     assert!(text.contains(&format!("Report: {}", dir.join("env_case.cpu.json").display())), "{text}");
@@ -69,10 +66,10 @@ fn environment_overrides_and_malformed_values() {
     let not_a_folder = dir.join("env_case.cpu.json");
     std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &not_a_folder);
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_body(INFO, cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
+        run_body(cpu(), |device| kept.push(Tensor::zeros([10], (Kind::Float, device))))
     })));
     assert!(text.contains("LEAK in `env_case`") && !text.contains("Report: "), "{text}");
-    run_body(INFO, cpu(), |_| {});
+    run_body(cpu(), |_| {});
     for name in ["GPU_LEAK_TEST_ITERATIONS", "GPU_LEAK_TEST_WARMUP", "GPU_LEAK_TEST_REPORT_DIR"] {
         std::env::remove_var(name);
     }

@@ -1,5 +1,8 @@
 //! #[gpu_leak_test] in each of its forms. `device = "cpu"` tests run in CI;
 //! `auto` tests run on CUDA where there is a GPU.
+// Generated code must not warn: a warning in it is a warning in every
+// user's test file.
+#![deny(warnings)]
 use gpu_leak_test::gpu_leak_test;
 use rstest::rstest;
 use std::sync::Mutex;
@@ -100,11 +103,9 @@ fn cuda_only_test_skips_without_a_gpu(device: Device) {
 /// GPU_LEAK_TEST_REQUIRE_CUDA=1 a failure that names the device.
 #[test]
 fn second_gpu_skips_or_fails_clearly() {
-    use gpu_leak_test::__private::{run_body, Overrides, TestInfo};
-    let info = TestInfo { name: "on_cuda_1", module: module_path!(), file: file!(), line: line!(), manifest_dir: env!("CARGO_MANIFEST_DIR") };
-    let overrides = Overrides { device: Some("cuda:1".into()), ..Default::default() };
     let mut ran_on = None;
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_body(info, overrides, |device| ran_on = Some(device))));
+    let test = gpu_leak_test::LeakTest::new("on_cuda_1").device("cuda:1");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test.check(|device| ran_on = Some(device))));
     let required = gpu_leak_test::config::cuda_required().unwrap();
     match gpu_leak_test::probe::cuda::device_count() {
         n if n >= 2 => assert_eq!((result.is_ok(), ran_on), (true, Some(Device::Cuda(1)))),
@@ -119,3 +120,45 @@ fn second_gpu_skips_or_fails_clearly() {
 
 #[gpu_leak_test(crate = ::gpu_leak_test, device = "cpu", warmup = 0, iterations = 2)]
 fn crate_path_option() {}
+
+#[gpu_leak_test(device = "cpu", warmup = 0, iterations = 2)]
+fn setup_returning_impl_fn() -> impl Fn() {
+    || {}
+}
+
+#[gpu_leak_test(device = "cpu", warmup = 0, iterations = 2)]
+fn setup_returning_a_boxed_closure(device: Device) -> Box<dyn FnMut()> {
+    Box::new(move || drop(Tensor::zeros([4], (Kind::Float, device))))
+}
+
+#[gpu_leak_test(device = "cpu", warmup = 0, iterations = 2)]
+fn _leading_underscore_name() {}
+
+/// `#[test]` written above `#[gpu_leak_test]` registers the test twice; the
+/// second copy to start fails and says where to put the attribute.
+#[test]
+fn a_test_registered_twice_says_how_to_fix_it() {
+    // One call site, as both registrations share the attribute's location.
+    let run = || gpu_leak_test::LeakTest::for_test_function("registered_twice", module_path!()).device("cpu").check(|_| {});
+    run();
+    let second = std::panic::catch_unwind(run);
+    let message = second.expect_err("the second registration fails").downcast::<String>().unwrap();
+    assert!(message.contains("registered twice") && message.contains("Put `#[gpu_leak_test]` first"), "{message}");
+}
+
+/// `#[tensor_refs(crate = path)]` for a renamed dependency.
+#[test]
+fn derive_takes_a_renamed_crate_path() {
+    use gpu_leak_test as renamed;
+    #[derive(renamed::TensorRefs)]
+    #[tensor_refs(crate = renamed)]
+    struct State {
+        weights: Tensor,
+        #[tensor_refs(skip)]
+        _steps: usize,
+    }
+    let state = State { weights: Tensor::zeros([2], (Kind::Float, Device::Cpu)), _steps: 0 };
+    let mut seen = Vec::new();
+    renamed::TensorRefs::for_each_tensor(&state, &mut "state".to_string(), &mut |path, _| seen.push(path.to_string()));
+    assert_eq!(seen, ["state.weights"]);
+}

@@ -1,0 +1,351 @@
+//! [`LeakTest`]: the one way into the runtime. The `#[gpu_leak_test]`
+//! attribute expands into the same builder calls a hand-written test makes.
+use crate::config::{self, Options, Settings};
+use crate::device;
+use crate::error::{Error, Result};
+use crate::report::Report;
+use crate::verdict::Verdict;
+use std::io::Write;
+use std::path::PathBuf;
+use tch::Device;
+
+/// A leak test, configured with a builder.
+///
+/// Two ways to run it:
+/// - [`LeakTest::check`], [`LeakTest::check_with_setup`] and
+///   [`LeakTest::try_check`] do what `#[gpu_leak_test]` does: skip (or fail,
+///   with `GPU_LEAK_TEST_REQUIRE_CUDA=1`) where the device is missing, run,
+///   write the report files, and panic with the report when it fails;
+/// - [`LeakTest::run`], [`LeakTest::run_with_setup`] and
+///   [`LeakTest::try_run`] return the [`Report`] for you to inspect.
+///
+/// ```no_run
+/// use gpu_leak_test::LeakTest;
+/// use tch::{Kind, Tensor};
+///
+/// let mut kept = Vec::new();
+/// let report = LeakTest::new("keeps_tensors")
+///     .device("cpu")
+///     .iterations(5)
+///     .run(|device| kept.push(Tensor::zeros([256], (Kind::Float, device))))
+///     .unwrap();
+/// assert!(!report.passed());
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeakTest {
+    pub(crate) name: String,
+    pub(crate) location: Option<String>,
+    pub(crate) root: Option<PathBuf>,
+    pub(crate) options: Options,
+    require_cuda: bool,
+    /// Made by [`LeakTest::for_test_function`], as the attribute does.
+    test_function: bool,
+}
+
+impl LeakTest {
+    pub fn new(name: impl Into<String>) -> Self {
+        LeakTest {
+            name: name.into(),
+            location: None,
+            root: None,
+            options: Options::default(),
+            require_cuda: false,
+            test_function: false,
+        }
+    }
+
+    /// A leak test for the test function `name` in `module` (what the
+    /// attribute passes: `stringify!(name)`, `module_path!()`). It is named
+    /// as the test harness names it: libtest names each test's thread after
+    /// the test (rstest cases included), else the module path is used.
+    pub fn for_test_function(name: &str, module: &str) -> Self {
+        let display = match std::thread::current().name() {
+            Some(thread) if thread.contains(name) => thread.to_string(),
+            _ => match module.split_once("::").map(|(_, rest)| rest).unwrap_or("") {
+                "" => name.to_string(),
+                module => format!("{module}::{name}"),
+            },
+        };
+        LeakTest { test_function: true, ..Self::new(display) }
+    }
+
+    /// Sets every option given in `options` (an attribute's values, say);
+    /// the ones left `None` keep what the builder had.
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = options.or(self.options);
+        self
+    }
+
+    /// `"auto"`, `"cpu"`, `"cuda"` or `"cuda:N"`: where the body runs. Every
+    /// device the test touches is judged. Checked when the test runs.
+    pub fn device(mut self, device: impl Into<String>) -> Self {
+        self.options.device = Some(device.into());
+        self
+    }
+
+    pub fn warmup(mut self, iterations: u32) -> Self {
+        self.options.warmup = Some(iterations);
+        self
+    }
+
+    pub fn iterations(mut self, iterations: u32) -> Self {
+        self.options.iterations = Some(iterations);
+        self
+    }
+
+    /// Retained growth over the measured iterations that still passes, in MiB.
+    pub fn threshold_mb(mut self, mb: f64) -> Self {
+        self.options.threshold_mb = Some(mb);
+        self
+    }
+
+    /// Budget for the highest live bytes, in MiB.
+    pub fn peak_mb(mut self, mb: f64) -> Self {
+        self.options.peak_mb = Some(mb);
+        self
+    }
+
+    /// `"auto"` (default), `"thread"` or `"process"`: whose allocations
+    /// count (see [`crate::scope`]); checked when the test runs.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.options.scope = Some(scope.into());
+        self
+    }
+
+    pub fn attribution_iterations(mut self, iterations: u32) -> Self {
+        self.options.attribution_iterations = Some(iterations);
+        self
+    }
+
+    /// Where the test is (`file:line`) and the crate root its paths are
+    /// shown relative to.
+    pub fn location(mut self, location: impl Into<String>, crate_root: impl Into<PathBuf>) -> Self {
+        self.location = Some(location.into());
+        self.root = Some(crate_root.into());
+        self
+    }
+
+    /// Fail instead of falling back to the CPU when `device = "auto"` finds
+    /// no CUDA (GPU_LEAK_TEST_REQUIRE_CUDA=1 does the same).
+    pub fn require_cuda(mut self, required: bool) -> Self {
+        self.require_cuda = required;
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The settings after attribute, environment, config file and defaults.
+    pub fn settings(&self) -> Result<Settings> {
+        Settings::resolve(&self.options, &self.name, self.crate_root().as_deref())
+    }
+
+    /// The folder of the crate under test, where `gpu-leak-test.yaml` lives:
+    /// the one given to [`LeakTest::location`] where it exists, else
+    /// CARGO_MANIFEST_DIR at run time, which cargo and nextest set (nextest
+    /// remaps it when it runs an archive on a machine where the build-time
+    /// path does not exist).
+    pub fn crate_root(&self) -> Option<PathBuf> {
+        let runtime = || std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).filter(|p| p.is_dir());
+        self.root.clone().filter(|root| root.is_dir()).or_else(runtime)
+    }
+
+    /// Resolves settings (attribute, environment, defaults) and the device.
+    pub fn resolve(&self) -> Result<(Settings, Device)> {
+        let settings = self.settings()?;
+        let require_cuda = self.require_cuda || config::cuda_required()?;
+        let device = settings.device.resolve(require_cuda)?;
+        Ok((settings, device))
+    }
+
+    /// Runs `body` once per iteration. Leaks come through what outlives an
+    /// iteration: statics, caches, captured collections, leaked boxes.
+    pub fn run(&self, mut body: impl FnMut(Device)) -> Result<Report> {
+        self.run_with_setup(move |device| move || body(device))
+    }
+
+    /// Runs `setup` once, then the closure it returns once per iteration.
+    /// Leaks come through state the closure owns, as in a training loop
+    /// that keeps every loss.
+    pub fn run_with_setup<I: FnMut()>(&self, setup: impl FnOnce(Device) -> I) -> Result<Report> {
+        let (settings, device) = self.resolve()?;
+        Ok(self.measure_setup_form(&settings, device, setup))
+    }
+
+    /// Like [`LeakTest::run`] for a body that returns `Result`: an `Err`
+    /// stops the test with [`Verdict::BodyError`].
+    pub fn try_run<E: std::fmt::Debug>(&self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> Result<Report> {
+        let (settings, device) = self.resolve()?;
+        Ok(crate::protocol::measure(self, &settings, device, move |device| {
+            Ok(move || body(device).map_err(|e| format!("{e:?}")))
+        }))
+    }
+
+    fn measure_setup_form<I: FnMut()>(&self, settings: &Settings, device: Device, setup: impl FnOnce(Device) -> I) -> Report {
+        crate::protocol::measure(self, settings, device, |device| {
+            let mut iteration = setup(device);
+            Ok(move || {
+                iteration();
+                Ok(())
+            })
+        })
+    }
+
+    /// What `#[gpu_leak_test]` does with a body that is one iteration: skip
+    /// or fail where the device is missing, run, write the report files,
+    /// print the passing verdict, and panic with the report on a failure.
+    #[track_caller]
+    pub fn check(self, mut body: impl FnMut(Device)) {
+        self.check_with_setup(move |device| move || body(device))
+    }
+
+    /// [`LeakTest::check`] for the setup form: `setup` runs once and returns
+    /// the iteration.
+    #[track_caller]
+    pub fn check_with_setup<I: FnMut()>(self, setup: impl FnOnce(Device) -> I) {
+        let test = self.located_at_caller();
+        test.refuse_a_second_registration();
+        let Some((settings, device)) = test.resolve_or_skip() else { return };
+        let report = test.measure_setup_form(&settings, device, setup);
+        conclude(report, &settings);
+    }
+
+    /// [`LeakTest::check`] for a body that returns `Result`: the first `Err`
+    /// ends the test and is returned, after the report is printed.
+    #[track_caller]
+    pub fn try_check<E: std::fmt::Debug>(self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> std::result::Result<(), E> {
+        let test = self.located_at_caller();
+        test.refuse_a_second_registration();
+        let Some((settings, device)) = test.resolve_or_skip() else { return Ok(()) };
+        let mut first_error = None;
+        let first_error_slot = &mut first_error;
+        let report = crate::protocol::measure(&test, &settings, device, |device| {
+            Ok(move || {
+                body(device).map_err(|e| {
+                    let message = format!("{e:?}");
+                    *first_error_slot = Some(e);
+                    message
+                })
+            })
+        });
+        if let (Verdict::BodyError { .. }, Some(error)) = (&report.verdict, first_error) {
+            let mut report = report;
+            write_files(&mut report, &settings);
+            notice(&report.to_string());
+            return Err(error);
+        }
+        conclude(report, &settings);
+        Ok(())
+    }
+
+    /// `#[test]` or `#[rstest]` written above `#[gpu_leak_test]` registers
+    /// the test twice (the attribute adds `#[test]` itself), and the two
+    /// copies run under one name. The attribute cannot see attributes above
+    /// it, so the second copy to start says so here.
+    fn refuse_a_second_registration(&self) {
+        static STARTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        if !self.test_function {
+            return;
+        }
+        let key = format!("{}@{}", self.name, self.location.as_deref().unwrap_or_default());
+        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        if started.contains(&key) {
+            panic!(
+                "{}: this test is registered twice: `#[test]` or `#[rstest]` is written above `#[gpu_leak_test]`, \
+                 which adds `#[test]` itself. Put `#[gpu_leak_test]` first (above `#[rstest]`), or drop `#[test]`.",
+                self.name
+            );
+        }
+        started.push(key);
+    }
+
+    /// The caller's `file:line` where no location was given.
+    #[track_caller]
+    fn located_at_caller(self) -> Self {
+        if self.location.is_some() {
+            return self;
+        }
+        let caller = std::panic::Location::caller();
+        let root = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_default();
+        self.location(format!("{}:{}", caller.file(), caller.line()), root)
+    }
+
+    /// Decides what a setup error means: a skip (returns `None`) or a failure.
+    fn resolve_or_skip(&self) -> Option<(Settings, Device)> {
+        match self.resolve() {
+            Ok(resolved) => Some(resolved),
+            Err(error) if device::is_missing_device(&error) => {
+                let asked = self.settings().map(|s| s.device.to_string()).unwrap_or_else(|_| "?".into());
+                skip_or_fail(&self.name, &asked, &error);
+                None
+            }
+            Err(error) => panic!("{}: {error}", self.name),
+        }
+    }
+}
+
+/// Writes past libtest's output capture, so a skip is seen in a normal run.
+fn notice(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// A missing CUDA device: prints the skip line and returns, or panics when
+/// GPU_LEAK_TEST_REQUIRE_CUDA asks for CUDA.
+fn skip_or_fail(test: &str, asked: &str, error: &Error) {
+    let required = config::cuda_required().unwrap_or_else(|e| panic!("{test}: {e}"));
+    if required {
+        panic!(
+            "{test}: device = \"{asked}\" cannot run here: {error}\n(GPU_LEAK_TEST_REQUIRE_CUDA is set, so a \
+             missing CUDA device fails the test instead of skipping it)"
+        );
+    }
+    let what = match error {
+        Error::NoSuchCudaDevice { index, count } => format!("no CUDA device cuda:{index} (this machine has {count})"),
+        _ => "no CUDA device".to_string(),
+    };
+    notice(&format!("skipped {test}: {what}; set GPU_LEAK_TEST_REQUIRE_CUDA=1 to fail instead"));
+}
+
+/// For plain tests that need CUDA: the first device's index, or `None`
+/// after printing `skipped <test>: no CUDA device; ...`. With
+/// GPU_LEAK_TEST_REQUIRE_CUDA=1 a missing device panics instead.
+pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
+    match crate::probe::cuda::check_device(0) {
+        Ok(_) => Some(0),
+        Err(error) => {
+            skip_or_fail(test, "cuda", &error);
+            None
+        }
+    }
+}
+
+/// Writes the JSON report (and plot, and index) where the settings say; a
+/// failure to write is a warning and never changes the verdict.
+fn write_files(report: &mut Report, settings: &Settings) {
+    let dir = settings.report_dir.clone().unwrap_or_else(crate::report::files::default_report_dir);
+    match crate::report::files::write_report(report, &dir, settings.plots) {
+        Ok(files) => report.files = Some(files),
+        Err(why) => notice(&format!(
+            "gpu-leak-test: warning: {}: the report was not written ({why}); the verdict stands. \
+             Set GPU_LEAK_TEST_REPORT_DIR to a writable folder.",
+            report.test
+        )),
+    }
+}
+
+/// Panics (at the test that called `check*`, through `#[track_caller]`)
+/// with the report when it failed.
+#[track_caller]
+fn conclude(mut report: Report, settings: &Settings) {
+    write_files(&mut report, settings);
+    if !report.passed() {
+        panic!("{report}");
+    }
+    // Passing tests say one line (shown with --nocapture or on failure),
+    // and any hint, such as growth that threads outside the test explain.
+    println!("{}", report.summary_line());
+    for hint in &report.hints {
+        println!("  hint: {hint}");
+    }
+}
