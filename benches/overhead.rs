@@ -19,8 +19,8 @@
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
-use gpu_leak_test::probe::process::Observation;
-use gpu_leak_test::probe::{cuda, stacks::Stack, Tracker};
+use gpu_leak_test::internals::probe::process::Observation;
+use gpu_leak_test::internals::probe::{cuda, stacks::Stack, Tracker};
 use gpu_leak_test::{LeakTest, Verdict};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -97,7 +97,7 @@ fn time_variant(step: &mut Step, device: Device, variant: Variant, steps: usize)
     sync(device);
     let start = Instant::now();
     // As inside a leak test: stack walks end at the harness's frame.
-    gpu_leak_test::probe::stacks::stop_walks_here(|| {
+    gpu_leak_test::internals::probe::stacks::stop_walks_here(|| {
         for _ in 0..steps {
             step.run();
         }
@@ -145,9 +145,9 @@ fn step_overhead(device: Device, scale: &Scale) {
     }
     let view = tracker.view(device);
     // How well the unwinder's rule cache serves one step with attribution.
-    let before = gpu_leak_test::probe::stacks::unwinder_cache_stats().unwrap_or_default();
+    let before = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
     time_variant(&mut step, device, Variant::Attribution, 1);
-    let after = gpu_leak_test::probe::stacks::unwinder_cache_stats().unwrap_or_default();
+    let after = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
     let (hits, collisions, other) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
     let (plain, _, _) = summary(&mut plain_times);
     println!("### One training step on {device:?}\n");

@@ -8,7 +8,8 @@ use std::path::Path;
 use tch::Device;
 
 /// Survivors that share one allocation site.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Site {
     /// `file:line` of the first frame in the user's code, relative to the
     /// crate under test where possible; `None` when no frame is the user's.
@@ -30,6 +31,7 @@ pub struct Site {
     /// process scope any thread besides the test's).
     pub on_other_thread: bool,
     /// The device its survivors live on.
+    #[serde(with = "crate::report::device_serde")]
     pub device: Device,
     /// The name of the thread that allocated them, where it is not the
     /// test's own (see [`crate::probe::LiveAllocation::thread`]).
@@ -38,7 +40,8 @@ pub struct Site {
     pub stack: Vec<Frame>,
     /// The reason of the suppression in `gpu-leak-test.yaml` that matches it.
     pub suppressed_by: Option<String>,
-    /// Addresses of its surviving allocations.
+    /// Addresses of its surviving allocations (not written to the JSON).
+    #[serde(skip)]
     pub addresses: Vec<usize>,
 }
 
@@ -51,7 +54,8 @@ impl Site {
 }
 
 /// What attribution found.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Attribution {
     /// Number of attribution iterations run.
     pub iterations: u32,

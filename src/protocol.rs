@@ -6,10 +6,10 @@ use crate::device;
 use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
 use crate::probe::{Snapshot, Tracker};
-use crate::report::{DeviceResult, Report, RunSettings, Sample};
+use crate::report::{DeviceResult, MemoryViews, Report, RunSettings, Sample};
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
-use crate::verdict::{self, Phase, RetainedDuring, Series, Verdict};
+use crate::verdict::{self, Phase, Series, Verdict};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -311,20 +311,9 @@ impl<'a> Run<'a> {
             let Verdict::Leak(leak) = &self.verdicts[d] else { continue };
             let on = self.devices[d];
             let suppressed = attribution.apply_suppressions(on, &settings.suppressions);
-            let unsuppressed = leak.retained_bytes as f64 - suppressed * leak.iterations as f64;
             let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(device, _)| *device == on).map(|(_, l)| l.clone()).collect();
-            self.verdicts[d] = if leak.drift.is_none()
-                && verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels)
-            {
-                // Levels that follow no exact pattern, and attribution finds
-                // only state replaced every iteration with no site growing:
-                // a buffer whose size varies from run to run.
-                Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
-            } else if suppressed > 0.0 && unsuppressed <= threshold as f64 {
-                Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
-            } else {
-                self.verdicts[d].clone()
-            };
+            let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
+            self.verdicts[d] = verdict::after_attribution(leak, replaced, suppressed, threshold);
         }
         Ok(())
     }
@@ -455,7 +444,7 @@ impl<'a> Run<'a> {
             location: self.test.location.clone(),
             device: self.device,
             verdict_device: self.devices[chosen],
-            scope: self.scope.name(),
+            scope: self.scope.name().to_string(),
             settings: RunSettings {
                 warmup: settings.warmup,
                 iterations: settings.iterations,
@@ -468,8 +457,8 @@ impl<'a> Run<'a> {
             // A run stopped early has not stored its peak yet.
             peak_bytes: if self.peak_bytes != 0 { self.peak_bytes } else { view.peak_bytes - self.start[body] },
             samples,
-            before: self.before,
-            after: self.after,
+            before: self.before.as_ref().map(MemoryViews::from_snapshot),
+            after: self.after.as_ref().map(MemoryViews::from_snapshot),
             attribution: self.attribution,
             references: self.references,
             files: None,
@@ -481,84 +470,7 @@ impl<'a> Run<'a> {
             elapsed: started.elapsed(),
             verdict: self.verdicts[chosen].clone(),
         };
-        report.hints = hints(&report);
+        report.hints = crate::report::hints::for_report(&report);
         report
     }
-}
-
-/// Advice for the patterns people meet most.
-fn hints(report: &Report) -> Vec<String> {
-    let mut hints = Vec::new();
-    match &report.verdict {
-        Verdict::Leak(_) => {
-            let sites: Vec<&crate::attribution::Site> = report
-                .attribution
-                .iter()
-                .flat_map(|a| &a.sites)
-                .filter(|s| s.device == report.verdict_device)
-                .collect();
-            // Autograd's threads run backward() with no frame of the user's.
-            if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
-                hints.push(
-                    "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
-                     graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
-                     CPU before keeping a tensor."
-                        .into(),
-                );
-            }
-            if let Some(top) = sites.first() {
-                let place = top.location.as_deref().unwrap_or("the site above");
-                hints.push(format!(
-                    "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
-                     a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
-                     iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
-                     must stay."
-                ));
-            }
-        }
-        Verdict::PeakOverBudget { .. } => hints.push(
-            "the peak counts every tensor alive at once, activations saved for backward included. Evaluation without \
-             `tch::no_grad(|| ...)` keeps activations alive until the output drops; smaller batches or freeing \
-             intermediates early lowers it too."
-                .into(),
-        ),
-        Verdict::OutOfMemory { .. } => hints.push(
-            "the views show what the device held at the failure: if `tensors alive` is small but reserved is large, \
-             the allocator's cache is fragmented (try `cuda::empty_cache()` before the test or smaller batches); \
-             if `tensors alive` is large, memory grew inside the test."
-                .into(),
-        ),
-        Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. } => hints.push(
-            "warm-up kept memory once (optimizer state, cuBLAS workspaces, caches), then stayed flat: that is \
-             state, not a leak."
-                .into(),
-        ),
-        _ => {}
-    }
-    for unexplained in &report.devices {
-        if let Some(rate) = unexplained.unexplained_bytes_per_iteration {
-            hints.push(format!(
-                "on {} the process-wide count grew {} per iteration more than the threads this test counts: \
-                 threads outside the test (a std::thread, a rayon pool, a tokio runtime's workers) likely keep \
-                 tensors, or another test running at the same time does. Run in process scope (`scope = \"process\"`, \
-                 the default under cargo nextest) to count every thread, or bring the threads in with \
-                 `gpu_leak_test::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
-                crate::report::device_name(unexplained.device),
-                crate::report::bytes(rate.round().max(0.0) as u64),
-            ));
-        }
-    }
-    if let (Some(before), Some(after)) = (&report.before, &report.after) {
-        if let (Some(b), Some(a)) = (before.allocator, after.allocator) {
-            let reserved_growth = a.reserved_bytes.current as i64 - b.reserved_bytes.current as i64;
-            if reserved_growth > 0 && after.hook.live_bytes <= before.hook.live_bytes {
-                hints.push(
-                    "reserved memory grew while tensors did not: the caching allocator keeps freed blocks for reuse. \
-                     nvidia-smi shows this too; it is not a leak."
-                        .into(),
-                );
-            }
-        }
-    }
-    hints
 }

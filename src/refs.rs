@@ -233,13 +233,15 @@ impl Drop for Watching {
 
 /// Retained tensors of one shape, type and site, held by one part of the
 /// test's state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Reference {
     /// Where they are held, with index ranges: `cache[0..100]`.
     pub held_by: String,
     pub tensors: usize,
     pub shape: Vec<i64>,
     pub dtype: String,
+    #[serde(with = "crate::report::device_serde")]
     pub device: Device,
     /// Bytes of the allocations behind them (each counted once).
     pub bytes: u64,
@@ -258,7 +260,7 @@ fn split_last_index(path: &str) -> Option<(&str, usize, &str)> {
 /// `[0, 1, 2, 5, 7, 8]` → `0..3, 5, 7..9` (Rust's half-open ranges).
 fn index_ranges(indices: &[usize]) -> String {
     let values: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
-    crate::report::consecutive_runs(&values)
+    consecutive_runs(&values)
         .into_iter()
         .map(|(first, last)| if first == last { first.to_string() } else { format!("{first}..{}", last + 1) })
         .collect::<Vec<_>>()
@@ -336,4 +338,17 @@ mod tests {
         value.for_each_tensor(&mut "state".to_string(), &mut |p, _| paths.push(p.to_string()));
         assert_eq!(paths, ["state.0[0]", "state.0[1]", "state.1", "state.2[\"k\"]"]);
     }
+}
+
+/// Runs of consecutive values in sorted `values`, as (first, last):
+/// `[1, 2, 3, 5]` → `[(1, 3), (5, 5)]`.
+pub(crate) fn consecutive_runs(values: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &v in values {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == v => *last = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    runs
 }

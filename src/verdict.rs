@@ -4,14 +4,23 @@
 use std::fmt;
 
 /// Where in the protocol something happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Phase {
+    /// The setup form's setup call (before any iteration).
+    #[serde(rename = "setup")]
     Setup,
+    /// Iterations whose one-time state is not judged.
+    #[serde(rename = "warm-up")]
     WarmUp,
+    /// The measured iterations.
+    #[serde(rename = "measured")]
     Measure,
-    /// Extra measured iterations, run when growth was seen only once.
+    /// Extra measured iterations, run while the window cannot tell a leak
+    /// from growth that stops.
+    #[serde(rename = "confirmation")]
     Confirm,
     /// Iterations with stack capture, run only after a failing verdict.
+    #[serde(rename = "attribution")]
     Attribution,
 }
 
@@ -146,7 +155,8 @@ pub fn replaced_each_iteration(kept_across_iterations: bool, site_levels: &[Vec<
 }
 
 /// A leak: retained growth over the measured iterations.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Leak {
     pub retained_bytes: i64,
     /// Number of measured (and confirmation) iterations the growth was
@@ -199,15 +209,20 @@ impl Series {
 }
 
 /// When one-time retention happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RetainedDuring {
+    /// The warm-up iterations.
     WarmUp,
     /// A measured iteration (1-based).
     Iteration(u32),
 }
 
-/// The outcome of a leak test.
-#[derive(Debug, Clone, PartialEq)]
+/// The outcome of a leak test. In the JSON, `kind` is [`Verdict::label`]
+/// and the variant's fields sit beside it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Verdict {
     /// Nothing retained.
     Clean,
@@ -234,6 +249,7 @@ pub enum Verdict {
     /// libtorch could not allocate (out of memory) inside the body.
     OutOfMemory { phase: Phase, iteration: u32, message: String },
     /// The body returned an error.
+    #[serde(rename = "error")]
     BodyError { phase: Phase, iteration: u32, message: String },
 }
 
@@ -308,6 +324,25 @@ fn shape_drift(shape: &Shape) -> Option<(u32, i64)> {
     match shape {
         Shape::Growing { drift } => *drift,
         _ => None,
+    }
+}
+
+/// A leak's verdict once attribution has run. `replaced` is
+/// [`replaced_each_iteration`]'s answer; `suppressed_per_iteration` the
+/// bytes per iteration at sites that `gpu-leak-test.yaml` suppresses.
+///
+/// - Growth with no exact pattern, where attribution finds only state
+///   replaced every iteration with no site growing, is bounded: a buffer
+///   whose size varies from run to run. Exact growth stays a leak.
+/// - A leak whose unsuppressed part is within the threshold is suppressed.
+pub fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iteration: f64, threshold_bytes: u64) -> Verdict {
+    let unsuppressed = leak.retained_bytes as f64 - suppressed_per_iteration * leak.iterations as f64;
+    if leak.drift.is_none() && replaced {
+        Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
+    } else if suppressed_per_iteration > 0.0 && unsuppressed <= threshold_bytes as f64 {
+        Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
+    } else {
+        Verdict::Leak(leak.clone())
     }
 }
 
@@ -497,6 +532,25 @@ mod tests {
         assert_eq!(unexplained_growth(&counted, &global, 5), None);
         // Nor is global noise that comes and goes.
         assert_eq!(unexplained_growth(&[0, 0, 0, 0, 0, 0], &[0, 700, 0, 300, 0, 0], 5), None);
+    }
+
+    fn leak(drift: Option<(u32, i64)>) -> Leak {
+        Leak { retained_bytes: 320, iterations: 10, bytes_per_iteration: 32.0, growing_iterations: vec![], drift }
+    }
+
+    #[test]
+    fn attribution_turns_patternless_replaced_state_into_bounded_but_never_exact_growth() {
+        assert_eq!(after_attribution(&leak(None), true, 0.0, 0), Verdict::Bounded { retained_bytes: 320, period: None });
+        assert_eq!(after_attribution(&leak(Some((1, 32))), true, 0.0, 0), Verdict::Leak(leak(Some((1, 32)))));
+        assert_eq!(after_attribution(&leak(None), false, 0.0, 0), Verdict::Leak(leak(None)));
+    }
+
+    #[test]
+    fn a_leak_all_at_suppressed_sites_is_suppressed_and_a_partly_suppressed_one_is_not() {
+        let all = after_attribution(&leak(Some((1, 32))), false, 32.0, 0);
+        assert_eq!(all, Verdict::Suppressed { retained_bytes: 320, bytes_per_iteration: 32.0 });
+        assert!(!all.is_failure());
+        assert!(after_attribution(&leak(Some((1, 32))), false, 16.0, 0).is_failure());
     }
 
     #[test]

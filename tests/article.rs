@@ -10,7 +10,7 @@
 mod common;
 
 use common::{allocated_size, LineMark};
-use gpu_leak_test::probe::{self, Tracker};
+use gpu_leak_test::internals::probe::{self, Tracker};
 use gpu_leak_test::verdict::RetainedDuring;
 use gpu_leak_test::{LeakTest, Report, Verdict};
 use tch::nn::{self, Module, ModuleT, OptimizerConfig};

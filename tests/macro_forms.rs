@@ -107,7 +107,7 @@ fn second_gpu_skips_or_fails_clearly() {
     let test = gpu_leak_test::LeakTest::new("on_cuda_1").device("cuda:1");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test.check(|device| ran_on = Some(device))));
     let required = gpu_leak_test::config::cuda_required().unwrap();
-    match gpu_leak_test::probe::cuda::device_count() {
+    match gpu_leak_test::internals::probe::cuda::device_count() {
         n if n >= 2 => assert_eq!((result.is_ok(), ran_on), (true, Some(Device::Cuda(1)))),
         _ if required => {
             let payload = result.expect_err("a required missing device fails");

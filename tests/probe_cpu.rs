@@ -1,7 +1,7 @@
 //! The probes on the CPU: these run in CI.
 mod common;
 
-use gpu_leak_test::probe::{cuda, stacks, Symbolizer, Tracker};
+use gpu_leak_test::internals::probe::{cuda, stacks, Symbolizer, Tracker};
 use gpu_leak_test::Error;
 use std::sync::{Arc, Barrier};
 use tch::{Device, Kind, Tensor};

@@ -3,7 +3,7 @@
 mod common;
 
 use common::cuda_device_or_skip;
-use gpu_leak_test::probe::{cuda, CublasWorkspaces, Tracker};
+use gpu_leak_test::internals::probe::{cuda, CublasWorkspaces, Tracker};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

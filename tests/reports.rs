@@ -3,7 +3,7 @@
 mod common;
 
 use common::LineMark;
-use gpu_leak_test::report::{files, svg, JsonReport};
+use gpu_leak_test::report::{files, json, svg};
 use gpu_leak_test::{watch, LeakTest, Report, TensorRefs, Verdict};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -111,28 +111,56 @@ fn watch_costs_nothing_outside_attribution() {
     assert!(report.references.is_empty());
 }
 
+/// Every key path of a JSON value (array elements merged), sorted: the
+/// shape of the schema, without its values.
+fn key_paths(value: &serde_json::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, child) in map {
+                let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                out.insert(path.clone());
+                key_paths(child, &path, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|item| key_paths(item, &format!("{prefix}[]"), out)),
+        _ => {}
+    }
+}
+
 #[test]
 fn json_report_round_trips_with_its_schema_version() {
     let (a, b) = (LineMark::default(), LineMark::default());
     let report = leaking_report("cpu", &a, &b);
-    let json = JsonReport::from_report(&report, Some("watched_cache.svg".into()));
-    let text = serde_json::to_string_pretty(&json).unwrap();
-    let parsed: JsonReport = serde_json::from_str(&text).unwrap();
-    assert_eq!(parsed, json);
-    assert_eq!(parsed.schema_version, 1);
-    assert_eq!(parsed.verdict.kind, "leak");
+    let text = json::to_json(&report, Some("watched_cache.svg")).unwrap();
+    let parsed = json::from_json(&text).unwrap();
+    assert_eq!(parsed.schema_version, 2);
     // One [32, 1000] f32 (128,000 B) and one [16] f32 (64 B) per iteration.
-    assert_eq!(parsed.verdict.bytes_per_iteration, Some(128_064.0));
-    assert_eq!(parsed.device, "cpu");
+    let Verdict::Leak(leak) = &parsed.report.verdict else { panic!("{text}") };
+    assert_eq!(leak.bytes_per_iteration, 128_064.0);
+    assert_eq!(parsed.report.device, tch::Device::Cpu);
     assert!(!parsed.passed);
-    assert_eq!(parsed.samples.len(), report.samples.len());
+    assert_eq!(parsed.report.samples, report.samples);
     let n = iterations_before_attribution(&report);
-    assert_eq!(parsed.references[0].held_by, format!("state.cache[{n}..{}]", n + 3));
-    assert_eq!(parsed.sites[0].location.as_deref(), Some(a.location(FILE).as_str()));
-    // Field names are the documented ones.
+    assert_eq!(parsed.report.references[0].held_by, format!("state.cache[{n}..{}]", n + 3));
+    assert_eq!(parsed.report.top_site().unwrap().location.as_deref(), Some(a.location(FILE).as_str()));
+    // Written again it is the same text: the JSON is the report's own types.
+    assert_eq!(json::to_json(&parsed.report, parsed.plot.as_deref()).unwrap(), text);
+
+    // The shape is pinned: a field added, renamed or dropped shows here and
+    // must be documented (UPDATE_SNAPSHOTS=1 rewrites the snapshot).
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for key in ["schema_version", "test", "device", "passed", "verdict", "settings", "samples", "sites", "references", "plot"] {
-        assert!(value.get(key).is_some(), "missing {key}");
+    let mut paths = std::collections::BTreeSet::new();
+    key_paths(&value, "", &mut paths);
+    let shape: String = paths.iter().map(|p| format!("{p}\n")).collect();
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report-schema.keys");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&snapshot, &shape).unwrap();
+    }
+    assert_eq!(shape, std::fs::read_to_string(&snapshot).unwrap_or_default(), "the JSON's shape changed; review docs/report-schema.md");
+    let documented = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report-schema.md")).unwrap();
+    for key in value.as_object().unwrap().keys() {
+        let named = documented.contains(&format!("`{key}`")) || documented.contains(&format!("`{key}[]`"));
+        assert!(named, "`{key}` is not documented in docs/report-schema.md");
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) fn derive(input: syn::DeriveInput) -> syn::Result<TokenStream> {
         };
         let suffix = format!(".{label}");
         visits.push(quote! {
-            #krate::refs::with_suffix(path, ::core::format_args!(#suffix), |path| {
+            #krate::__private::with_suffix(path, ::core::format_args!(#suffix), |path| {
                 #krate::TensorRefs::for_each_tensor(&self.#member, path, visit)
             });
         });

@@ -4,7 +4,7 @@
 //! drop it with `--as-needed` when nothing names it) and answers
 //! [`Error::NoCudaDevice`] on a machine without CUDA, never a panic.
 use crate::error::{Error, Result};
-use crate::ffi;
+use super::ffi;
 use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 

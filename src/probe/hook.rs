@@ -11,7 +11,7 @@
 //! with an unresolved stack, for attribution after a test has failed.
 use super::stacks::Stack;
 use crate::error::{Error, Result};
-use crate::ffi;
+use super::ffi;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::marker::PhantomData;

@@ -2,6 +2,7 @@
 //! allocator's statistics, and the driver's view. A [`Snapshot`] reads all of
 //! them for one device at one moment.
 pub mod cuda;
+mod ffi;
 pub mod hook;
 pub mod process;
 pub mod stacks;

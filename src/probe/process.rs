@@ -9,7 +9,7 @@
 //! that their hooked threads do not explain.
 use super::hook::{Tracker, TrackerState};
 use crate::error::{Error, Result};
-use crate::ffi;
+use super::ffi;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};

@@ -94,7 +94,7 @@ pub fn unwinder_cache_stats() -> Option<(u64, u64, u64)> {
 }
 
 /// One resolved frame. Inlined functions give several frames per address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// Demangled, without the hash suffix.
     pub function: String,

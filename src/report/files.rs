@@ -4,7 +4,7 @@
 //! written to a temporary name and renamed, so a reader never sees half a
 //! file; a failed write is a warning and never changes a verdict.
 use super::format::{device_name, escape_markup as escape};
-use super::json::JsonReport;
+use super::json::{self, ReportFile};
 use super::{svg, Report};
 use crate::config::Plots;
 use std::io::Write;
@@ -84,8 +84,8 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
         let _ = std::fs::remove_file(dir.join(format!("{stem}.svg")));
         None
     };
-    let json = JsonReport::from_report(report, plot.as_ref().map(|_| format!("{stem}.svg")));
-    let text = serde_json::to_string_pretty(&json).map_err(|e| format!("cannot serialise the report: {e}"))?;
+    let plot_name = plot.as_ref().map(|_| format!("{stem}.svg"));
+    let text = json::to_json(report, plot_name.as_deref()).map_err(|e| format!("cannot serialise the report: {e}"))?;
     let json_path = dir.join(format!("{stem}.json"));
     write_atomically(&json_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
     let index = write_index(dir)?;
@@ -94,13 +94,13 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
 
 /// Rebuilds `index.html` from every JSON report in `dir`.
 pub fn write_index(dir: &Path) -> Result<PathBuf, String> {
-    let mut reports: Vec<JsonReport> = std::fs::read_dir(dir)
+    let mut reports: Vec<ReportFile> = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter_map(|p| serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok())
+        .filter_map(|p| json::from_json(&std::fs::read_to_string(p).ok()?).ok())
         .collect();
-    reports.sort_by(|a, b| (a.passed, &a.test).cmp(&(b.passed, &b.test)));
+    reports.sort_by(|a, b| (a.passed, &a.report.test).cmp(&(b.passed, &b.report.test)));
     let mut html = String::from(
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>gpu-leak-test reports</title>\n<style>\
          body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}\
@@ -108,18 +108,25 @@ pub fn write_index(dir: &Path) -> Result<PathBuf, String> {
          <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>plot</th><th>report</th></tr>\n",
     );
     for r in &reports {
-        let stem = file_stem(&r.test, &r.device);
-        let per_iteration = r.verdict.bytes_per_iteration.map(|b| super::bytes(b.round() as u64)).unwrap_or_default();
+        let stem = file_stem(&r.report.test, &super::device_name(r.report.device));
+        let per_iteration = match &r.report.verdict {
+            crate::verdict::Verdict::Leak(leak) => super::bytes(leak.bytes_per_iteration.round() as u64),
+            crate::verdict::Verdict::Suppressed { bytes_per_iteration, .. }
+            | crate::verdict::Verdict::WithinThreshold { bytes_per_iteration, .. } => {
+                super::bytes(bytes_per_iteration.round() as u64)
+            }
+            _ => String::new(),
+        };
         let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
         html.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
-            escape(&r.test),
-            escape(&r.device),
+            escape(&r.report.test),
+            escape(&super::device_name(r.report.verdict_device)),
             if r.passed { "pass" } else { "fail" },
-            escape(&r.verdict.kind.replace('_', " ")),
+            escape(&r.report.verdict.label().replace('_', " ")),
             super::signed_bytes(r.retained_growth_bytes),
             per_iteration,
-            super::bytes(r.peak_bytes.max(0) as u64),
+            super::bytes(r.report.peak_bytes.max(0) as u64),
             escape(&stem),
         ));
     }

@@ -27,19 +27,6 @@ pub fn escape_markup(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-/// Runs of consecutive values in sorted `values`, as (first, last):
-/// `[1, 2, 3, 5]` → `[(1, 3), (5, 5)]`.
-pub fn consecutive_runs(values: &[u64]) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &v in values {
-        match runs.last_mut() {
-            Some((_, last)) if *last + 1 == v => *last = v,
-            _ => runs.push((v, v)),
-        }
-    }
-    runs
-}
-
 /// `512` → `"512 B"`, `2_621_440` → `"2.50 MiB (2,621,440 B)"`.
 pub fn bytes(value: u64) -> String {
     const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
@@ -74,6 +61,5 @@ mod tests {
         assert_eq!(bytes(2_621_440), "2.50 MiB (2,621,440 B)");
         assert_eq!(signed_bytes(-1024), "-1.00 KiB (1,024 B)");
         assert_eq!(signed_bytes(512), "+512 B");
-        assert_eq!(consecutive_runs(&[1, 2, 3, 5, 7, 8]), [(1, 3), (5, 5), (7, 8)]);
     }
 }

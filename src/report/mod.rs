@@ -2,13 +2,14 @@
 //! retained memory was allocated. Its `Display` is the panic message.
 pub mod files;
 mod format;
+pub(crate) mod hints;
 pub mod json;
 pub mod svg;
 mod text;
 
 pub use files::ReportFiles;
-pub use format::{bytes, consecutive_runs, device_name, signed_bytes, thousands};
-pub use json::JsonReport;
+pub use format::{bytes, device_name, signed_bytes, thousands};
+pub use json::ReportFile;
 
 use crate::attribution::Attribution;
 use crate::probe::Snapshot;
@@ -16,8 +17,30 @@ use crate::verdict::{Phase, Verdict};
 use std::time::Duration;
 use tch::Device;
 
+/// `tch::Device` in the JSON: its name (`cpu`, `cuda:0`).
+pub(crate) mod device_serde {
+    use tch::Device;
+
+    pub(crate) fn serialize<S: serde::Serializer>(device: &Device, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::device_name(*device))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Device, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+        match name.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|i| i.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| serde::de::Error::custom(format!("{other:?} is not a device name"))),
+        }
+    }
+}
+
 /// The settings a run used, after attribute, environment and defaults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct RunSettings {
     pub warmup: u32,
     pub iterations: u32,
@@ -27,7 +50,8 @@ pub struct RunSettings {
 }
 
 /// One sample, taken after an iteration.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Sample {
     pub phase: Phase,
     /// 1-based within its phase.
@@ -53,11 +77,50 @@ impl Sample {
     }
 }
 
+/// Every view of the body's device at one moment, as the report shows them
+/// (and the JSON writes them): the exact count, the caching allocator's
+/// statistics and the driver's. The allocator and driver views are `None`
+/// on the CPU, where libtorch keeps no statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct MemoryViews {
+    /// Exact live bytes (allocated and not freed since the test began).
+    pub live_bytes: i64,
+    /// The highest exact live bytes so far.
+    pub peak_live_bytes: i64,
+    /// `torch.cuda.memory_allocated`: bytes in blocks handed out to tensors.
+    pub allocated_bytes: Option<u64>,
+    /// `torch.cuda.memory_reserved`: bytes the allocator holds, cached too.
+    pub reserved_bytes: Option<u64>,
+    pub active_bytes: Option<u64>,
+    /// What the driver says is used on the device, by every process.
+    pub driver_used_bytes: Option<u64>,
+    pub driver_total_bytes: Option<u64>,
+}
+
+impl MemoryViews {
+    pub(crate) fn from_snapshot(snapshot: &Snapshot) -> MemoryViews {
+        MemoryViews {
+            live_bytes: snapshot.hook.live_bytes,
+            peak_live_bytes: snapshot.hook.peak_bytes,
+            allocated_bytes: snapshot.allocator.map(|a| a.allocated_bytes.current),
+            reserved_bytes: snapshot.allocator.map(|a| a.reserved_bytes.current),
+            active_bytes: snapshot.allocator.map(|a| a.active_bytes.current),
+            driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
+            driver_total_bytes: snapshot.driver.map(|d| d.total_bytes),
+        }
+    }
+}
+
 /// One judged device: its own verdict and its exact live bytes at each
 /// sample.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct DeviceResult {
+    /// The device judged.
+    #[serde(with = "device_serde")]
     pub device: Device,
+    /// Its own verdict.
     pub verdict: Verdict,
     /// Live bytes after each sample, aligned with [`Report::samples`].
     pub levels: Vec<i64>,
@@ -66,19 +129,25 @@ pub struct DeviceResult {
     pub unexplained_bytes_per_iteration: Option<f64>,
 }
 
-/// Everything one leak test measured and concluded.
-#[derive(Debug, Clone)]
+/// Everything one leak test measured and concluded. Its `Display` is the
+/// panic message; its serde form is the JSON report (see
+/// `docs/report-schema.md`), with `schema_version`, `passed` and `plot`
+/// beside its fields.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Report {
     /// The test's name (as the test harness names it).
     pub test: String,
     /// `file:line` of the test function, relative to its crate.
     pub location: Option<String>,
     /// Where the body ran, and whose allocator and driver views are shown.
+    #[serde(with = "device_serde")]
     pub device: Device,
     /// The device the verdict is about: a failing one where any failed.
+    #[serde(with = "device_serde")]
     pub verdict_device: Device,
     /// `"thread"` or `"process"`: whose allocations were counted.
-    pub scope: &'static str,
+    pub scope: String,
     pub settings: RunSettings,
     pub verdict: Verdict,
     /// Live bytes after setup, relative to before it (the setup form).
@@ -91,14 +160,15 @@ pub struct Report {
     /// One sample after setup and after every iteration.
     pub samples: Vec<Sample>,
     /// All views right before the first measured iteration.
-    pub before: Option<Snapshot>,
+    pub before: Option<MemoryViews>,
     /// All views after the last measured iteration.
-    pub after: Option<Snapshot>,
+    pub after: Option<MemoryViews>,
     /// Present when the verdict failed on retained memory.
     pub attribution: Option<Attribution>,
     /// The retained tensors that roots named with [`crate::watch`] hold.
     pub references: Vec<crate::refs::Reference>,
-    /// The files written for this report, once written.
+    /// The files written for this report, once written (not in the JSON).
+    #[serde(skip)]
     pub files: Option<ReportFiles>,
     /// Every judged device (host memory always, and each CUDA device that
     /// saw allocations), with its own verdict.
@@ -135,7 +205,7 @@ impl Report {
     /// Retained growth over the measured iterations (after minus before).
     pub fn retained_growth_bytes(&self) -> i64 {
         match (&self.before, &self.after) {
-            (Some(before), Some(after)) => after.hook.live_bytes - before.hook.live_bytes,
+            (Some(before), Some(after)) => after.live_bytes - before.live_bytes,
             _ => 0,
         }
     }

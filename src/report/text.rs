@@ -1,14 +1,13 @@
 //! The human-readable report: the panic message of a failing leak test.
 use super::format::{bytes, device_name, signed_bytes, thousands};
 use super::{Report, Sample};
-use crate::probe::Snapshot;
 use crate::verdict::{Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
 
 /// `[1, 2, 3, 5]` → `"1-3, 5"`.
 pub(crate) fn ranges(values: &[u32]) -> String {
     let values: Vec<u64> = values.iter().map(|&v| v as u64).collect();
-    super::format::consecutive_runs(&values)
+    crate::refs::consecutive_runs(&values)
         .into_iter()
         .map(|(first, last)| if first == last { first.to_string() } else { format!("{first}-{last}") })
         .collect::<Vec<_>>()
@@ -316,14 +315,12 @@ fn views_table(report: &Report, out: &mut String) {
             );
         }
     };
-    row(out, "tensors alive (hook, exact)", Some(before.hook.live_bytes), Some(after.hook.live_bytes));
-    let allocated = |s: &Snapshot| s.allocator.map(|a| a.allocated_bytes.current as i64);
-    let reserved = |s: &Snapshot| s.allocator.map(|a| a.reserved_bytes.current as i64);
-    let driver = |s: &Snapshot| s.driver.map(|d| d.used_bytes() as i64);
-    row(out, "allocator allocated (whole process)", allocated(before), allocated(after));
-    row(out, "allocator reserved (cached too)", reserved(before), reserved(after));
-    row(out, "driver used (all processes)", driver(before), driver(after));
-    if before.allocator.is_none() {
+    row(out, "tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes));
+    let signed = |v: Option<u64>| v.map(|v| v as i64);
+    row(out, "allocator allocated (whole process)", signed(before.allocated_bytes), signed(after.allocated_bytes));
+    row(out, "allocator reserved (cached too)", signed(before.reserved_bytes), signed(after.reserved_bytes));
+    row(out, "driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
+    if before.allocated_bytes.is_none() {
         let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
     }
 }

@@ -1,0 +1,82 @@
+//! Advice for the patterns people meet most, in the report's words. The
+//! protocol decides; this file only says what a verdict usually means and
+//! what to do.
+use super::Report;
+use crate::verdict::{RetainedDuring, Verdict};
+
+/// Advice for the patterns people meet most.
+pub(crate) fn for_report(report: &Report) -> Vec<String> {
+    let mut hints = Vec::new();
+    match &report.verdict {
+        Verdict::Leak(_) => {
+            let sites: Vec<&crate::attribution::Site> = report
+                .attribution
+                .iter()
+                .flat_map(|a| &a.sites)
+                .filter(|s| s.device == report.verdict_device)
+                .collect();
+            // Autograd's threads run backward() with no frame of the user's.
+            if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
+                hints.push(
+                    "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
+                     graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
+                     CPU before keeping a tensor."
+                        .into(),
+                );
+            }
+            if let Some(top) = sites.first() {
+                let place = top.location.as_deref().unwrap_or("the site above");
+                hints.push(format!(
+                    "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
+                     a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
+                     iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
+                     must stay."
+                ));
+            }
+        }
+        Verdict::PeakOverBudget { .. } => hints.push(
+            "the peak counts every tensor alive at once, activations saved for backward included. Evaluation without \
+             `tch::no_grad(|| ...)` keeps activations alive until the output drops; smaller batches or freeing \
+             intermediates early lowers it too."
+                .into(),
+        ),
+        Verdict::OutOfMemory { .. } => hints.push(
+            "the views show what the device held at the failure: if `tensors alive` is small but reserved is large, \
+             the allocator's cache is fragmented (try `cuda::empty_cache()` before the test or smaller batches); \
+             if `tensors alive` is large, memory grew inside the test."
+                .into(),
+        ),
+        Verdict::OneTimeRetention { during: RetainedDuring::WarmUp, .. } => hints.push(
+            "warm-up kept memory once (optimizer state, cuBLAS workspaces, caches), then stayed flat: that is \
+             state, not a leak."
+                .into(),
+        ),
+        _ => {}
+    }
+    for unexplained in &report.devices {
+        if let Some(rate) = unexplained.unexplained_bytes_per_iteration {
+            hints.push(format!(
+                "on {} the process-wide count grew {} per iteration more than the threads this test counts: \
+                 threads outside the test (a std::thread, a rayon pool, a tokio runtime's workers) likely keep \
+                 tensors, or another test running at the same time does. Run in process scope (`scope = \"process\"`, \
+                 the default under cargo nextest) to count every thread, or bring the threads in with \
+                 `gpu_leak_test::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
+                super::device_name(unexplained.device),
+                super::bytes(rate.round().max(0.0) as u64),
+            ));
+        }
+    }
+    if let (Some(before), Some(after)) = (&report.before, &report.after) {
+        if let (Some(b), Some(a)) = (before.reserved_bytes, after.reserved_bytes) {
+            let reserved_growth = a as i64 - b as i64;
+            if reserved_growth > 0 && after.live_bytes <= before.live_bytes {
+                hints.push(
+                    "reserved memory grew while tensors did not: the caching allocator keeps freed blocks for reuse. \
+                     nvidia-smi shows this too; it is not a leak."
+                        .into(),
+                );
+            }
+        }
+    }
+    hints
+}
