@@ -2,17 +2,21 @@
 //! what to do about it.
 use std::fmt;
 
+#[allow(missing_docs)] // The fields are named for what they hold; the variants say the rest.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Error {
     /// A CUDA query on a process that has no usable CUDA device.
     NoCudaDevice { reason: String },
-    /// `cuda:N` where the process sees fewer devices.
+    /// `cuda:N` where the process sees `count` devices.
     NoSuchCudaDevice { index: usize, count: usize },
     /// A libtorch call threw; `call` names the shim entry point.
     Libtorch { call: &'static str, message: String },
     /// The allocation hook could not be installed or removed.
     Hook { message: String },
-    /// A setting (attribute, environment variable or config file) is malformed.
+    /// A setting (attribute, environment variable or config file) is
+    /// malformed; `source` names where it came from (file and line, or the
+    /// variable).
     Config { source: String, message: String },
 }
 
@@ -39,4 +43,5 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

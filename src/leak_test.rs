@@ -43,6 +43,7 @@ pub struct LeakTest {
 }
 
 impl LeakTest {
+    /// A leak test named `name` (the name reports and file names use).
     pub fn new(name: impl Into<String>) -> Self {
         LeakTest {
             name: name.into(),
@@ -83,11 +84,13 @@ impl LeakTest {
         self
     }
 
+    /// Warm-up iterations (default 2): one-time state lands here.
     pub fn warmup(mut self, iterations: u32) -> Self {
         self.options.warmup = Some(iterations);
         self
     }
 
+    /// Measured iterations (default 5).
     pub fn iterations(mut self, iterations: u32) -> Self {
         self.options.iterations = Some(iterations);
         self
@@ -112,6 +115,7 @@ impl LeakTest {
         self
     }
 
+    /// Iterations with stack capture after a failing verdict (default 3).
     pub fn attribution_iterations(mut self, iterations: u32) -> Self {
         self.options.attribution_iterations = Some(iterations);
         self
@@ -132,6 +136,7 @@ impl LeakTest {
         self
     }
 
+    /// The test's name.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs, unreachable_pub)]
+// The README shows the `#[test]` a leak test expands into.
+#![allow(clippy::test_attr_in_doctest)]
 // The public API is the handful of names re-exported below. Everything else
 // is private, or reachable through `internals` (unstable, for this crate's
 // benches and probe tests) and `__private` (what the derive expands into).

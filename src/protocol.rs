@@ -406,8 +406,8 @@ impl<'a> Run<'a> {
                             .samples
                             .iter()
                             .zip(&self.global_levels)
-                            .filter(|(s, _)| s.phase == Phase::WarmUp || s.phase == Phase::Setup)
-                            .last()
+                            .rev()
+                            .find(|(s, _)| s.phase == Phase::WarmUp || s.phase == Phase::Setup)
                             .map(|(_, l)| l[d]);
                         let global: Vec<i64> = global_baseline
                             .into_iter()

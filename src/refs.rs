@@ -238,9 +238,13 @@ impl Drop for Watching {
 pub struct Reference {
     /// Where they are held, with index ranges: `cache[0..100]`.
     pub held_by: String,
+    /// How many tensors.
     pub tensors: usize,
+    /// Their shape.
     pub shape: Vec<i64>,
+    /// Their element type, as tch names it (`Float`).
     pub dtype: String,
+    /// Their device.
     #[serde(with = "crate::report::device_serde")]
     pub device: Device,
     /// Bytes of the allocations behind them (each counted once).
@@ -283,7 +287,9 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
         .flat_map(|site| site.addresses.iter().map(move |&a| (a, site.location.clone().or(Some(site.description.clone())))))
         .collect();
     type Key = (String, String, Vec<i64>, String, String, Option<String>);
-    let mut groups: BTreeMap<Key, (Vec<usize>, Vec<String>, std::collections::BTreeSet<usize>, u64, Device)> = BTreeMap::new();
+    /// Indices, paths, distinct storages, bytes and device of one group.
+    type Group = (Vec<usize>, Vec<String>, std::collections::BTreeSet<usize>, u64, Device);
+    let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
     for watched in roots.values().flatten() {
         let Some(survivor) = containing(watched.data_ptr) else { continue };
         let site = site_of.get(&survivor.address).cloned().flatten();
@@ -319,6 +325,19 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
     references
 }
 
+/// Runs of consecutive values in sorted `values`, as (first, last):
+/// `[1, 2, 3, 5]` → `[(1, 3), (5, 5)]`.
+pub(crate) fn consecutive_runs(values: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &v in values {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == v => *last = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    runs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,17 +357,4 @@ mod tests {
         value.for_each_tensor(&mut "state".to_string(), &mut |p, _| paths.push(p.to_string()));
         assert_eq!(paths, ["state.0[0]", "state.0[1]", "state.1", "state.2[\"k\"]"]);
     }
-}
-
-/// Runs of consecutive values in sorted `values`, as (first, last):
-/// `[1, 2, 3, 5]` → `[(1, 3), (5, 5)]`.
-pub(crate) fn consecutive_runs(values: &[u64]) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &v in values {
-        match runs.last_mut() {
-            Some((_, last)) if *last + 1 == v => *last = v,
-            _ => runs.push((v, v)),
-        }
-    }
-    runs
 }

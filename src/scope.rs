@@ -20,9 +20,13 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// The `scope` setting before it is resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scope {
+    /// `process` where no other test shares the process, else `thread`.
     #[default]
     Auto,
+    /// The test's thread, autograd's threads during its `backward()`, and
+    /// threads brought in with [`crate::current_test`].
     Thread,
+    /// Every thread of the process.
     Process,
 }
 
@@ -51,7 +55,7 @@ impl fmt::Display for Scope {
 
 /// The scope a test runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResolvedScope {
+pub(crate) enum ResolvedScope {
     Thread,
     /// `alongside_other_tests`: libtest may be running other (non-leak)
     /// tests in parallel threads, whose allocations are counted too.
@@ -59,11 +63,11 @@ pub enum ResolvedScope {
 }
 
 impl ResolvedScope {
-    pub fn is_process(self) -> bool {
+    pub(crate) fn is_process(self) -> bool {
         matches!(self, ResolvedScope::Process { .. })
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ResolvedScope::Thread => "thread",
             ResolvedScope::Process { .. } => "process",
@@ -73,15 +77,15 @@ impl ResolvedScope {
 
 /// How the test binary runs its tests, read from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Runner {
+pub(crate) struct Runner {
     /// cargo nextest: one process per test.
-    pub process_per_test: bool,
+    pub(crate) process_per_test: bool,
     /// libtest with one test thread (`--test-threads=1`, RUST_TEST_THREADS=1).
-    pub one_test_thread: bool,
+    pub(crate) one_test_thread: bool,
 }
 
 impl Runner {
-    pub fn detect() -> Runner {
+    pub(crate) fn detect() -> Runner {
         let var = |name: &str| std::env::var(name).ok();
         let process_per_test = var("NEXTEST_EXECUTION_MODE").as_deref() == Some("process-per-test")
             || (var("NEXTEST").as_deref() == Some("1") && var("NEXTEST_EXECUTION_MODE").is_none());
@@ -98,7 +102,7 @@ impl Runner {
 
 impl Scope {
     /// `auto` becomes `process` where no other test shares the process.
-    pub fn resolve(self, runner: Runner) -> ResolvedScope {
+    pub(crate) fn resolve(self, runner: Runner) -> ResolvedScope {
         let alone = runner.process_per_test || runner.one_test_thread;
         match self {
             Scope::Thread => ResolvedScope::Thread,
@@ -111,12 +115,12 @@ impl Scope {
 /// Held for a whole leak test: thread-scope tests share it, a process-scope
 /// test holds it alone, so no other leak test's allocations land in its
 /// count.
-pub enum ScopeLock {
+pub(crate) enum ScopeLock {
     Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
     Exclusive(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
 }
 
-pub fn lock(scope: ResolvedScope) -> ScopeLock {
+pub(crate) fn lock(scope: ResolvedScope) -> ScopeLock {
     static LOCK: RwLock<()> = RwLock::new(());
     // A test that panicked while holding it has unwound; its poison says
     // nothing about the next one.

@@ -48,6 +48,8 @@ pub fn confirmation_bound(window: u32) -> u32 {
 
 /// The shape of the live-bytes levels seen so far. `Growing` asks for more
 /// iterations while the bound allows, and is a leak after it.
+// Field names say what they hold; the variants' docs say the rest.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shape {
     /// Retained growth, scaled to the measured window, at or under the
@@ -158,10 +160,13 @@ pub fn replaced_each_iteration(kept_across_iterations: bool, site_levels: &[Vec<
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Leak {
+    /// Live bytes after the last measured or confirmation iteration minus
+    /// before the first.
     pub retained_bytes: i64,
     /// Number of measured (and confirmation) iterations the growth was
     /// retained over.
     pub iterations: u32,
+    /// The exact rate where the growth has a period, else the average.
     pub bytes_per_iteration: f64,
     /// Measured iterations (1-based) after which the level reached a new high.
     pub growing_iterations: Vec<u32>,
@@ -222,6 +227,11 @@ pub enum RetainedDuring {
 /// and the variant's fields sit beside it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+///
+/// Field names say what they hold: `bytes` and `retained_bytes` are exact
+/// live bytes, `phase` and `iteration` where a failing body stopped,
+/// `message` what it said.
+#[allow(missing_docs)]
 #[non_exhaustive]
 pub enum Verdict {
     /// Nothing retained.
@@ -254,6 +264,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdicts that fail a test: a leak, a peak over budget, and a body
+    /// that panicked, ran out of memory or returned an error.
     pub fn is_failure(&self) -> bool {
         !matches!(
             self,

@@ -70,7 +70,9 @@ enum Step {
     /// loss = output.sum()
     Loss,
     Backward,
-    OptimizerStep,
+    /// The optimizer applies the gradients (`optimizer_step` in the YAML).
+    #[serde(rename = "optimizer_step")]
+    OptimizerUpdate,
     ZeroGrad,
     /// Allocates a 4 MiB tensor and drops it at once (raises the peak only).
     Transient,
@@ -227,7 +229,7 @@ fn run(scenario: &Scenario, name: &str, device: &str, sites: &Sites) -> Result<R
                         sites.loss.set(line!()); loss = Some(out.sum(Kind::Float));
                     }
                     Step::Backward => loss.as_ref().expect("`backward` needs `loss` before it").backward(),
-                    Step::OptimizerStep => optimizer.as_mut().expect("`optimizer_step` needs model.optimizer").step(),
+                    Step::OptimizerUpdate => optimizer.as_mut().expect("`optimizer_step` needs model.optimizer").step(),
                     Step::ZeroGrad => optimizer.as_mut().expect("`zero_grad` needs model.optimizer").zero_grad(),
                     Step::Transient => drop(Tensor::zeros([1 << 20], (Kind::Float, device))),
                 }

@@ -22,19 +22,23 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The config file's name, looked up in the crate under test's folder.
 pub const CONFIG_FILE_NAME: &str = "gpu-leak-test.yaml";
 
 /// Settings a file can give, in `defaults` or an override: the same table
 /// as the attribute's.
-pub type FileSettings = Options;
+pub(crate) type FileSettings = Options;
 
 /// Which tests get an SVG timeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Plots {
+    /// Failing tests only.
     #[default]
     Failing,
+    /// Every test.
     All,
+    /// None.
     None,
 }
 
@@ -55,49 +59,52 @@ impl std::str::FromStr for Plots {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Suppression {
+    /// A glob on the site's `file:line`, function or calling line.
     pub site: String,
+    /// Why it is suppressed (required; shown in reports).
     pub reason: String,
 }
 
 /// Settings for the tests whose names match the glob `tests`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TestOverride {
-    pub tests: String,
-    pub settings: FileSettings,
+pub(crate) struct TestOverride {
+    pub(crate) tests: String,
+    pub(crate) settings: FileSettings,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     #[serde(default)]
-    pub defaults: FileSettings,
+    pub(crate) defaults: FileSettings,
     #[serde(default)]
-    pub suppressions: Vec<Suppression>,
+    pub(crate) suppressions: Vec<Suppression>,
     #[serde(default)]
-    pub overrides: Vec<TestOverride>,
+    pub(crate) overrides: Vec<TestOverride>,
     #[serde(skip)]
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 /// The file's settings for one test, each with where it came from.
 #[derive(Debug, Clone, Default)]
-pub struct FileLayer {
-    pub settings: FileSettings,
+pub(crate) struct FileLayer {
+    pub(crate) settings: FileSettings,
     /// Per key, a description of the source (`gpu-leak-test.yaml (defaults)`).
-    pub sources: HashMap<&'static str, String>,
-    pub suppressions: Vec<Suppression>,
-    pub folder: PathBuf,
+    pub(crate) sources: HashMap<&'static str, String>,
+    pub(crate) suppressions: Vec<Suppression>,
+    pub(crate) folder: PathBuf,
 }
 
 impl FileLayer {
-    pub fn source(&self, key: &str) -> String {
+    #[cfg(test)]
+    pub(crate) fn source(&self, key: &str) -> String {
         self.sources.get(key).cloned().unwrap_or_else(|| CONFIG_FILE_NAME.to_string())
     }
 }
 
 /// `*` matches any run of characters, `?` any one.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     fn matches(p: &[char], t: &[char]) -> bool {
         match (p.first(), t.first()) {
             (None, None) => true,
@@ -126,7 +133,7 @@ fn line_of(text: &str, key: &str, value: Option<&str>) -> usize {
 impl ConfigFile {
     /// Parses and checks a config file. Errors name the file, the line and
     /// the key.
-    pub fn parse(path: &Path, text: &str) -> Result<ConfigFile> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<ConfigFile> {
         let display = path.display().to_string();
         let error = |line: usize, message: String| Error::Config { source: format!("{display}:{line}"), message };
         let mut config: ConfigFile = if text.trim().is_empty() {
@@ -163,7 +170,7 @@ impl ConfigFile {
 
     /// Loads `gpu-leak-test.yaml` from `folder`, once per process;
     /// `Ok(None)` where there is none.
-    pub fn load(folder: &Path) -> Result<Option<Arc<ConfigFile>>> {
+    pub(crate) fn load(folder: &Path) -> Result<Option<Arc<ConfigFile>>> {
         type Cache = Mutex<HashMap<PathBuf, Result<Option<Arc<ConfigFile>>>>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();
         let path = folder.join(CONFIG_FILE_NAME);
@@ -180,7 +187,7 @@ impl ConfigFile {
 
     /// The settings for `test`: `defaults`, then every override whose glob
     /// matches the test's name, later ones winning.
-    pub fn layer_for(&self, test: &str) -> FileLayer {
+    pub(crate) fn layer_for(&self, test: &str) -> FileLayer {
         let file = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut layer = FileLayer {
             suppressions: self.suppressions.clone(),

@@ -4,7 +4,8 @@
 mod file;
 mod options;
 
-pub use file::{glob_match, ConfigFile, FileLayer, Plots, Suppression, CONFIG_FILE_NAME};
+pub(crate) use file::{glob_match, ConfigFile, FileLayer};
+pub use file::{Plots, Suppression, CONFIG_FILE_NAME};
 pub use options::Options;
 pub(crate) use options::values;
 use crate::error::{Error, Result};
@@ -78,6 +79,8 @@ pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// Fully resolved settings of one leak test.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)] // Each field is the resolved value of the `Options` field of its name.
+#[non_exhaustive]
 pub struct Settings {
     pub device: crate::device::DeviceChoice,
     pub warmup: u32,
@@ -89,6 +92,7 @@ pub struct Settings {
     /// Where JSON reports and plots go; `None` for `target/gpu-leak-test`.
     pub report_dir: Option<std::path::PathBuf>,
     pub plots: Plots,
+    /// From `gpu-leak-test.yaml`.
     pub suppressions: Vec<Suppression>,
 }
 
@@ -109,15 +113,18 @@ impl Default for Settings {
     }
 }
 
+/// MiB to bytes, rounded.
 pub fn mb_to_bytes(mb: f64) -> u64 {
     (mb * MIB).round() as u64
 }
 
 impl Settings {
+    /// `threshold_mb` in bytes.
     pub fn threshold_bytes(&self) -> u64 {
         mb_to_bytes(self.threshold_mb)
     }
 
+    /// `peak_mb` in bytes.
     pub fn peak_budget_bytes(&self) -> Option<u64> {
         self.peak_mb.map(mb_to_bytes)
     }
@@ -135,7 +142,7 @@ impl Settings {
     /// [`Settings::resolve`] with the environment and the file passed in.
     /// Each layer is checked once, naming its source; the file's layers were
     /// checked when it was parsed.
-    pub fn resolve_with(
+    pub(crate) fn resolve_with(
         attribute: &Options,
         env: impl Fn(&str) -> Result<Option<String>>,
         file: Option<&FileLayer>,

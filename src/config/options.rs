@@ -55,6 +55,7 @@ fn any<T>(_: &T) -> std::result::Result<(), String> {
 // The rules themselves are shared with the attribute, which checks its
 // literals at compile time.
 #[path = "../../macros/src/values.rs"]
+#[allow(unreachable_pub)] // `pub` for the macro crate, which includes it too.
 pub(crate) mod values;
 
 fn at_least_one(value: &u32) -> std::result::Result<(), String> {
@@ -69,11 +70,11 @@ fn positive_mib(value: &f64) -> std::result::Result<(), String> {
     values::peak_mb(*value)
 }
 
-fn device(value: &String) -> std::result::Result<(), String> {
+fn device(value: &str) -> std::result::Result<(), String> {
     values::device(value).map(drop)
 }
 
-fn scope(value: &String) -> std::result::Result<(), String> {
+fn scope(value: &str) -> std::result::Result<(), String> {
     values::scope(value).map(drop)
 }
 

@@ -73,7 +73,8 @@ fn loaded_objects() -> (Vec<Object>, u64) {
                 std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
             },
             base,
-            mapped: u64::MAX..0,
+            // Empty until the loaded segments below widen it.
+            mapped: std::ops::Range { start: u64::MAX, end: 0 },
             text: None,
             eh_frame_hdr: None,
         };
@@ -190,7 +191,7 @@ thread_local! {
 /// `max_frames`). Returns false where it could not start, so the caller
 /// can fall back to the slow walker.
 #[inline(never)]
-pub fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
+pub(crate) fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
     let (ip, sp, bp): (u64, u64, u64);
     // SAFETY: reads three registers, touches no memory.
     unsafe {
@@ -241,7 +242,7 @@ pub fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
 
 /// Rule-cache lookups of the calling thread's walker: (hits, misses by slot
 /// collision, other misses). For benchmarks.
-pub fn cache_stats() -> (u64, u64, u64) {
+pub(crate) fn cache_stats() -> (u64, u64, u64) {
     CACHE.with(|cache| {
         let stats = cache.borrow().stats();
         (stats.hit_count, stats.miss_wrong_address_count, stats.miss_empty_slot_count + stats.miss_wrong_modules_count)

@@ -14,8 +14,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What was written for one report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportFiles {
+    /// The JSON report.
     pub json: PathBuf,
+    /// The SVG timeline, where one was written.
     pub plot: Option<PathBuf>,
+    /// `index.html` of every report in the folder.
     pub index: PathBuf,
 }
 

@@ -23,7 +23,7 @@ pub fn device_name(device: tch::Device) -> String {
 }
 
 /// Escapes text for SVG and HTML.
-pub fn escape_markup(text: &str) -> String {
+pub(crate) fn escape_markup(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 

@@ -42,10 +42,15 @@ pub(crate) mod device_serde {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct RunSettings {
+    /// Warm-up iterations.
     pub warmup: u32,
+    /// Measured iterations asked for (confirmation iterations come on top).
     pub iterations: u32,
+    /// `threshold_mb` in bytes.
     pub threshold_bytes: u64,
+    /// `peak_mb` in bytes.
     pub peak_budget_bytes: Option<u64>,
+    /// Attribution iterations run (or that would run).
     pub attribution_iterations: u32,
 }
 
@@ -53,19 +58,23 @@ pub struct RunSettings {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Sample {
+    /// The phase of the iteration it followed.
     pub phase: Phase,
     /// 1-based within its phase.
     pub iteration: u32,
     /// Exact live bytes on the device the verdict is about
     /// ([`Report::verdict_device`]).
     pub live_bytes: i64,
+    /// The caching allocator's allocated bytes on the body's device.
     pub allocated_bytes: Option<u64>,
+    /// The caching allocator's reserved bytes on the body's device.
     pub reserved_bytes: Option<u64>,
+    /// The driver's used bytes on the body's device (all processes).
     pub driver_used_bytes: Option<u64>,
 }
 
 impl Sample {
-    pub fn from_snapshot(phase: Phase, iteration: u32, snapshot: &Snapshot) -> Sample {
+    pub(crate) fn from_snapshot(phase: Phase, iteration: u32, snapshot: &Snapshot) -> Sample {
         Sample {
             phase,
             iteration,
@@ -92,9 +101,11 @@ pub struct MemoryViews {
     pub allocated_bytes: Option<u64>,
     /// `torch.cuda.memory_reserved`: bytes the allocator holds, cached too.
     pub reserved_bytes: Option<u64>,
+    /// Bytes in active blocks: allocated, or freed but still used by a stream.
     pub active_bytes: Option<u64>,
     /// What the driver says is used on the device, by every process.
     pub driver_used_bytes: Option<u64>,
+    /// The device's total memory, as the driver reports it.
     pub driver_total_bytes: Option<u64>,
 }
 
@@ -148,7 +159,9 @@ pub struct Report {
     pub verdict_device: Device,
     /// `"thread"` or `"process"`: whose allocations were counted.
     pub scope: String,
+    /// The settings it ran with.
     pub settings: RunSettings,
+    /// The verdict (on [`Report::verdict_device`]).
     pub verdict: Verdict,
     /// Live bytes after setup, relative to before it (the setup form).
     pub setup_bytes: i64,
@@ -180,10 +193,12 @@ pub struct Report {
     pub hints: Vec<String>,
     /// What the scope could and could not see.
     pub notes: Vec<String>,
+    /// The test's wall time.
     pub elapsed: Duration,
 }
 
 impl Report {
+    /// The verdict passed.
     pub fn passed(&self) -> bool {
         !self.verdict.is_failure()
     }

@@ -15,16 +15,22 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 56.0;
 const BOTTOM: f64 = 60.0;
 
-/// Series colours; the render test looks for them.
+/// The exact line's colour; the render test looks for it, as for the others.
 pub const LIVE_COLOR: &str = "#1f4e9c";
+/// The caching allocator's allocated bytes.
 pub const ALLOCATED_COLOR: &str = "#e07b00";
+/// The caching allocator's reserved bytes.
 pub const RESERVED_COLOR: &str = "#2a9d3c";
+/// The driver's used bytes.
 pub const DRIVER_COLOR: &str = "#8e44ad";
+/// The threshold line.
 pub const THRESHOLD_COLOR: &str = "#d62728";
 /// Exact lines of the other judged devices (host memory when the body ran
 /// on CUDA, and the reverse).
 pub const OTHER_DEVICE_COLORS: [&str; 3] = ["#17becf", "#7f7f7f", "#bcbd22"];
+/// Background of the warm-up iterations.
 pub const WARMUP_SHADE: &str = "#e8e8e8";
+/// Background of the attribution iterations.
 pub const ATTRIBUTION_SHADE: &str = "#fdf1d8";
 
 /// A binary unit and a round step (1, 2 or 5 times a power of ten of that
