@@ -25,65 +25,51 @@ pub(crate) fn measure<I>(
 where
     I: FnMut() -> std::result::Result<(), String>,
 {
-    test.execute(settings, device, setup)
-}
-
-impl LeakTest {
-    fn execute<I>(
-        &self,
-        settings: &Settings,
-        device: Device,
-        setup: impl FnOnce(Device) -> std::result::Result<I, String>,
-    ) -> Report
-    where
-        I: FnMut() -> std::result::Result<(), String>,
-    {
-        let started = Instant::now();
-        let scope = settings.scope.resolve(Runner::detect());
-        // Lock order: scope, then device, for every leak test.
-        let _scope_lock = crate::scope::lock(scope);
-        let _device_lock = device::lock_device(device);
-        if let Device::Cuda(index) = device {
-            // Best effort: a failure here shows up again, with context, in
-            // the test's own first CUDA call.
-            let _ = crate::probe::cuda::prewarm(index);
+    let started = Instant::now();
+    let scope = settings.scope.resolve(Runner::detect());
+    // Lock order: scope, then device, for every leak test.
+    let _scope_lock = crate::scope::lock(scope);
+    let _device_lock = device::lock_device(device);
+    if let Device::Cuda(index) = device {
+        // Best effort: a failure here shows up again, with context, in
+        // the test's own first CUDA call.
+        let _ = crate::probe::cuda::prewarm(index);
+    }
+    // Process scope counts through the process-wide sources alone;
+    // thread scope counts through the hook and reads the process-wide
+    // sources as the device-global view.
+    let observation = Observation::open(scope.is_process());
+    let (tracker, global) = match (scope, &observation) {
+        (ResolvedScope::Process { .. }, Ok(observation)) => (observation.tracker().clone(), None),
+        (ResolvedScope::Process { .. }, Err(e)) => {
+            let run = Run::new(test, settings, device, scope, Tracker::new(), None);
+            let message = format!("process scope is not available here: {e}; use scope = \"thread\"");
+            return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
         }
-        // Process scope counts through the process-wide sources alone;
-        // thread scope counts through the hook and reads the process-wide
-        // sources as the device-global view.
-        let observation = Observation::open(scope.is_process());
-        let (tracker, global) = match (scope, &observation) {
-            (ResolvedScope::Process { .. }, Ok(observation)) => (observation.tracker().clone(), None),
-            (ResolvedScope::Process { .. }, Err(e)) => {
-                let run = Run::new(self, settings, device, scope, Tracker::new(), None);
-                let message = format!("process scope is not available here: {e}; use scope = \"thread\"");
+        (ResolvedScope::Thread, Ok(observation)) => (Tracker::new(), Some(observation.tracker().clone())),
+        (ResolvedScope::Thread, Err(_)) => (Tracker::new(), None),
+    };
+    let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
+    let mut run = Run::new(test, settings, device, scope, tracker.clone(), global);
+    run.notes = coverage_notes(scope, &coverage, &run.devices);
+    let hook = match scope {
+        ResolvedScope::Thread => match tracker.enter() {
+            Ok(hook) => Some(hook),
+            Err(e) => {
+                let message = e.to_string();
                 return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
             }
-            (ResolvedScope::Thread, Ok(observation)) => (Tracker::new(), Some(observation.tracker().clone())),
-            (ResolvedScope::Thread, Err(_)) => (Tracker::new(), None),
-        };
-        let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
-        let mut run = Run::new(self, settings, device, scope, tracker.clone(), global);
-        run.notes = coverage_notes(scope, &coverage, &run.devices);
-        let hook = match scope {
-            ResolvedScope::Thread => match tracker.enter() {
-                Ok(hook) => Some(hook),
-                Err(e) => {
-                    let message = e.to_string();
-                    return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
-                }
-            },
-            ResolvedScope::Process { .. } => None,
-        };
-        let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
-        let current = threads.set_current();
-        let outcome = run.measure(setup);
-        drop(current);
-        drop(hook);
-        match outcome {
-            Ok(()) => run.finish(started),
-            Err(stopped) => run.stop(stopped, started),
-        }
+        },
+        ResolvedScope::Process { .. } => None,
+    };
+    let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
+    let current = threads.set_current();
+    let outcome = run.measure(setup);
+    drop(current);
+    drop(hook);
+    match outcome {
+        Ok(()) => run.finish(started),
+        Err(stopped) => run.stop(stopped, started),
     }
 }
 
