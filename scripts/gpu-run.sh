@@ -14,7 +14,7 @@ shift || true
 torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GPU_LEAK_TEST_REQUIRE_CUDA=${GPU_LEAK_TEST_REQUIRE_CUDA:-1}
-# Reports land in the checkout, not in nextest's temporary archive folder.
-export GPU_LEAK_TEST_REPORT_DIR=${GPU_LEAK_TEST_REPORT_DIR:-$PWD/target/gpu-leak-test}
+# Reports land in this checkout's target/gpu-leak-test (the workspace
+# nextest remaps to), not in nextest's temporary archive folder.
 exec "$dir/cargo-nextest" nextest run --archive-file "$dir/tests.tar.zst" --workspace-remap . --no-fail-fast \
     -E 'not binary(ui)' "$@"

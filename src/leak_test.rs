@@ -40,6 +40,7 @@ pub struct LeakTest {
     require_cuda: bool,
     /// Made by [`LeakTest::for_test_function`], as the attribute does.
     test_function: bool,
+    pub(crate) expected_failure: bool,
 }
 
 impl LeakTest {
@@ -52,6 +53,7 @@ impl LeakTest {
             options: Options::default(),
             require_cuda: false,
             test_function: false,
+            expected_failure: false,
         }
     }
 
@@ -133,6 +135,13 @@ impl LeakTest {
     /// no CUDA (GPU_LEAK_TEST_REQUIRE_CUDA=1 does the same).
     pub fn require_cuda(mut self, required: bool) -> Self {
         self.require_cuda = required;
+        self
+    }
+
+    /// The test expects to fail (`#[should_panic]`, which the attribute
+    /// passes on): reports and the index show its failure as expected.
+    pub fn expect_failure(mut self, expected: bool) -> Self {
+        self.expected_failure = expected;
         self
     }
 

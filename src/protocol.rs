@@ -122,6 +122,8 @@ struct Run<'a> {
     attribution: Option<Attribution>,
     references: Vec<crate::refs::Reference>,
     notes: Vec<String>,
+    /// How attribution stopped, where the body failed during it.
+    attribution_stopped: Option<Verdict>,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -180,6 +182,7 @@ impl<'a> Run<'a> {
             attribution: None,
             references: Vec::new(),
             notes: Vec::new(),
+            attribution_stopped: None,
         }
     }
 
@@ -290,7 +293,26 @@ impl<'a> Run<'a> {
             // site (see verdict::replaced_each_iteration).
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
-        let site_levels = self.attribute(&mut iteration, count)?;
+        let site_levels = match self.attribute(&mut iteration, count) {
+            Ok(levels) => levels,
+            Err(stopped) => {
+                // The leak was found before attribution ran: it stands, and
+                // the report says where attribution stopped.
+                let (phase, iteration, message) = match &stopped {
+                    Verdict::Panicked { phase, iteration, message }
+                    | Verdict::OutOfMemory { phase, iteration, message }
+                    | Verdict::BodyError { phase, iteration, message } => (*phase, *iteration, message.as_str()),
+                    _ => (Phase::Attribution, 0, ""),
+                };
+                self.notes.push(format!(
+                    "attribution stopped: the body failed ({}) in {phase} iteration {iteration}: {message}; the leak \
+                     verdict above was reached before it, and the sites are unknown",
+                    stopped.label()
+                ));
+                self.attribution_stopped = Some(stopped);
+                return Ok(());
+            }
+        };
         let judged = self.judged();
         let attribution = self.attribution.as_mut().expect("attribute sets it");
         for d in judged {
@@ -430,6 +452,7 @@ impl<'a> Run<'a> {
             location: self.test.location.clone(),
             device: self.device,
             verdict_device: self.devices[chosen],
+            expected_failure: self.test.expected_failure,
             scope: self.scope.name().to_string(),
             settings: RunSettings {
                 warmup: settings.warmup,
@@ -446,6 +469,7 @@ impl<'a> Run<'a> {
             before: self.before.as_ref().map(MemoryViews::from_snapshot),
             after: self.after.as_ref().map(MemoryViews::from_snapshot),
             attribution: self.attribution,
+            attribution_failure: self.attribution_stopped,
             references: self.references,
             files: None,
             devices,

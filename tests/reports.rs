@@ -19,7 +19,7 @@ fn harness(name: &str, device: &str) -> LeakTest {
 
 /// A fresh folder under target/ for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-scratch").join(name);
+    let dir = common::manifest_dir().join("target/test-scratch").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -152,12 +152,12 @@ fn json_report_round_trips_with_its_schema_version() {
     let mut paths = std::collections::BTreeSet::new();
     key_paths(&value, "", &mut paths);
     let shape: String = paths.iter().map(|p| format!("{p}\n")).collect();
-    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report-schema.keys");
+    let snapshot = common::manifest_dir().join("docs/report-schema.keys");
     if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
         std::fs::write(&snapshot, &shape).unwrap();
     }
     assert_eq!(shape, std::fs::read_to_string(&snapshot).unwrap_or_default(), "the JSON's shape changed; review docs/report-schema.md");
-    let documented = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report-schema.md")).unwrap();
+    let documented = std::fs::read_to_string(common::manifest_dir().join("docs/report-schema.md")).unwrap();
     for key in value.as_object().unwrap().keys() {
         let named = documented.contains(&format!("`{key}`")) || documented.contains(&format!("`{key}[]`"));
         assert!(named, "`{key}` is not documented in docs/report-schema.md");
@@ -176,11 +176,14 @@ fn files_are_written_atomically_with_an_index() {
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporary files left: {names:?}");
     let index = std::fs::read_to_string(&written.index).unwrap();
-    assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains("watched_cache.cpu.svg"), "{index}");
+    let plot_name = written.plot.as_ref().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    assert!(plot_name.starts_with("watched_cache.cpu.") && plot_name.ends_with(".svg"), "{plot_name}");
+    assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains(&plot_name), "{index}");
     // Writing into something that is not a folder fails with a reason.
-    let not_a_folder = dir.join("watched_cache.cpu.json");
+    let not_a_folder = written.json.clone();
     let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::config::Plots::All).unwrap_err();
-    assert!(error.contains("watched_cache.cpu.json"), "{error}");
+    let json_name = not_a_folder.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(error.contains(&json_name), "{error}");
 }
 
 /// Counts pixels within a small distance of `hex`.
@@ -282,4 +285,80 @@ fn suppressed_sites_are_listed_but_not_counted() {
     let site = report.top_site().unwrap();
     assert_eq!(site.suppressed_by.as_deref(), Some("a bounded cache in this fixture"));
     assert!(report.to_string().contains("(suppressed: a bounded cache in this fixture)"), "{report}");
+}
+
+/// Sixteen leak tests that finish together write sixteen rows, every time.
+#[test]
+fn sixteen_concurrent_writers_lose_no_row() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let template = leaking_report("cpu", &a, &b);
+    for round in 0..10 {
+        let dir = scratch(&format!("concurrent_{round}"));
+        let barrier = std::sync::Barrier::new(16);
+        std::thread::scope(|scope| {
+            for writer in 0..16 {
+                let (dir, barrier, template) = (&dir, &barrier, &template);
+                scope.spawn(move || {
+                    let mut report = template.clone();
+                    report.test = format!("writer_{writer}");
+                    barrier.wait();
+                    files::write_report(&report, dir, gpu_leak_test::config::Plots::None).unwrap();
+                });
+            }
+        });
+        let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+        let rows = (0..16).filter(|w| index.contains(&format!(">writer_{w}<"))).count();
+        assert_eq!(rows, 16, "round {round}: {rows} of 16 rows\n{index}");
+        assert!(index.contains("16 tests") && index.contains("16 leak"), "the run's counts: {index}");
+    }
+}
+
+#[test]
+fn a_250_character_test_name_is_written_and_kept_whole_in_the_report() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let mut report = leaking_report("cpu", &a, &b);
+    report.test = format!("module::{}", "very_long_name_".repeat(16).chars().take(250).collect::<String>());
+    let dir = scratch("long_name");
+    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    let text = std::fs::read_to_string(&written.json).unwrap();
+    assert_eq!(json::from_json(&text).unwrap().report.test, report.test);
+    assert!(written.json.file_name().unwrap().len() < 160);
+}
+
+#[test]
+fn a_panic_during_attribution_keeps_the_leak_and_says_where() {
+    let mut kept = Vec::new();
+    let mut calls = 0;
+    let report = harness("panics_in_attribution", "cpu")
+        .run(|device| {
+            calls += 1;
+            // Warm-up 2 and every measured and confirmation iteration (the
+            // bound is 3 x 5) come first; the next call is attribution's.
+            if calls == 2 + 15 + 1 {
+                panic!("boom in attribution");
+            }
+            kept.push(Tensor::zeros([64], (Kind::Float, device)));
+        })
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let Some(Verdict::Panicked { phase, iteration, message }) = &report.attribution_failure else {
+        panic!("the attribution failure is kept: {report}")
+    };
+    assert_eq!((*phase, *iteration), (gpu_leak_test::Phase::Attribution, 1));
+    assert!(message.contains("boom in attribution"));
+    assert!(report.to_string().contains("attribution stopped"), "{report}");
+}
+
+#[test]
+fn a_should_panic_leak_test_is_shown_as_expected_in_the_index() {
+    let mut kept = Vec::new();
+    let report = harness("expected_to_fail", "cpu")
+        .expect_failure(true)
+        .run(|device| kept.push(Tensor::zeros([8], (Kind::Float, device))))
+        .unwrap();
+    let dir = scratch("expected_failure");
+    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::None).unwrap();
+    let index = std::fs::read_to_string(written.index).unwrap();
+    assert!(index.contains("expected by #[should_panic]") && index.contains("class=\"expected\""), "{index}");
+    assert!(index.contains(&report.top_site().unwrap().location.clone().unwrap()), "the site column: {index}");
 }

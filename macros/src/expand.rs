@@ -62,6 +62,11 @@ pub(crate) fn test(options: &Options, test: TestFn) -> TokenStream {
         attrs.iter().any(|a| a.path().segments.last().is_some_and(|s| s.ident == "test" || s.ident == "rstest"));
     let test_attribute = if has_test_attribute { quote!() } else { quote!(#[::core::prelude::v1::test]) };
     let line = quote_spanned!(name.span()=> ::core::line!());
+    // A failure `#[should_panic]` expects is shown as expected in the index.
+    let expect_failure = attrs
+        .iter()
+        .any(|a| a.path().is_ident("should_panic"))
+        .then(|| quote!(.expect_failure(true)));
     let options = options_call(options, &krate);
     quote! {
         #test_attribute
@@ -72,6 +77,7 @@ pub(crate) fn test(options: &Options, test: TestFn) -> TokenStream {
             #krate::LeakTest::for_test_function(::core::stringify!(#name), ::core::module_path!())
                 .location(::core::concat!(::core::file!(), ":", #line), ::core::env!("CARGO_MANIFEST_DIR"))
                 #options
+                #expect_failure
                 .#method(#closure_move |__gpu_leak_test_device| #inner(__gpu_leak_test_device, #args))
         }
     }

@@ -105,18 +105,54 @@ impl FileLayer {
 
 /// `*` matches any run of characters, `?` any one.
 pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
-    fn matches(p: &[char], t: &[char]) -> bool {
-        match (p.first(), t.first()) {
-            (None, None) => true,
-            (Some('*'), _) => matches(&p[1..], t) || (!t.is_empty() && matches(p, &t[1..])),
-            (Some('?'), Some(_)) => matches(&p[1..], &t[1..]),
-            (Some(a), Some(b)) if a == b => matches(&p[1..], &t[1..]),
-            _ => false,
-        }
-    }
+    glob_match_counting(pattern, text).0
+}
+
+/// [`glob_match`] with the number of steps it took. Greedy matching that
+/// only ever backtracks to the latest `*` (an earlier star can never do
+/// better than a later one), so the steps grow with the text's length, not
+/// exponentially with the stars as plain recursion does.
+pub(crate) fn glob_match_counting(pattern: &str, text: &str) -> (bool, u64) {
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
-    matches(&p, &t)
+    let (mut pi, mut ti, mut steps) = (0usize, 0usize, 0u64);
+    // The latest star, and the text position its match currently ends at.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        steps += 1;
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                // Let the latest star take one more character and retry.
+                Some((star_pi, star_ti)) => {
+                    star = Some((star_pi, star_ti + 1));
+                    pi = star_pi + 1;
+                    ti = star_ti + 1;
+                }
+                None => return (false, steps),
+            },
+        }
+    }
+    while p.get(pi) == Some(&'*') {
+        steps += 1;
+        pi += 1;
+    }
+    (pi == p.len(), steps)
+}
+
+/// A suppression pattern made only of wildcards with a `*` among them
+/// matches every real site (a `file:line` is longer than a few `?`s), so
+/// it would silently pass every leak.
+fn matches_everything(pattern: &str) -> bool {
+    let pattern = pattern.trim();
+    pattern.contains('*') && pattern.chars().all(|c| c == '*' || c == '?')
 }
 
 /// The 1-based line of the first line of `text` that holds `key:` and, if
@@ -158,6 +194,16 @@ impl ConfigFile {
             s.validate(|key, value| format!("{display}:{}: {section}.{key}", line_of(text, key, Some(value))))?;
         }
         for (i, suppression) in config.suppressions.iter().enumerate() {
+            if matches_everything(&suppression.site) {
+                return Err(error(
+                    line_of(text, "site", Some(&suppression.site)),
+                    format!(
+                        "suppressions[{i}].site: {:?} matches every site, so it would pass every leak; name the \
+                         file, line or function it is for (\"tests/common/*\", \"*::fill_cache\")",
+                        suppression.site
+                    ),
+                ));
+            }
             if suppression.reason.trim().is_empty() {
                 return Err(error(
                     line_of(text, "site", Some(&suppression.site)),
@@ -213,6 +259,34 @@ impl ConfigFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_suppression_that_matches_every_site_is_refused_naming_file_line_and_key() {
+        for site in ["*", "**", "*?*"] {
+            let text = format!("suppressions:\n  - site: \"{site}\"\n    reason: \"noise\"\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.starts_with("gpu-leak-test.yaml:2: suppressions[0].site:") && err.contains("matches every site"), "{err}");
+        }
+        assert!(parse("suppressions:\n  - site: \"tests/common/*\"\n    reason: \"fixture cache\"\n").is_ok());
+    }
+
+    #[test]
+    fn glob_matching_takes_linear_steps_on_a_pathological_pattern() {
+        // 30 stars between letters, against subjects that almost match: plain
+        // recursion explores exponentially many splits here.
+        let pattern: String = (0..30).map(|_| "a*").collect::<String>() + "b";
+        let steps = |n: usize| {
+            let (matched, steps) = glob_match_counting(&pattern, &"a".repeat(n));
+            assert!(!matched);
+            steps
+        };
+        let (at_200, at_400, at_800) = (steps(200), steps(400), steps(800));
+        println!("steps: 200 chars {at_200}, 400 chars {at_400}, 800 chars {at_800}");
+        assert!(at_200 <= 200 * 64, "{at_200} steps for 200 characters");
+        // Doubling the subject at most doubles the steps (plus slack), as
+        // linear growth does.
+        assert!(at_400 <= at_200 * 2 + 64 && at_800 <= at_400 * 2 + 64, "{at_200} {at_400} {at_800}");
+    }
 
     #[test]
     fn globs() {

@@ -159,6 +159,10 @@ pub struct Report {
     pub verdict_device: Device,
     /// `"thread"` or `"process"`: whose allocations were counted.
     pub scope: String,
+    /// The test expects to fail (`#[should_panic]`): the index shows a
+    /// failure as expected, not red.
+    #[serde(default)]
+    pub expected_failure: bool,
     /// The settings it ran with.
     pub settings: RunSettings,
     /// The verdict (on [`Report::verdict_device`]).
@@ -178,6 +182,10 @@ pub struct Report {
     pub after: Option<MemoryViews>,
     /// Present when the verdict failed on retained memory.
     pub attribution: Option<Attribution>,
+    /// How the body failed during attribution, where it did: the leak
+    /// verdict stands, and this says in which phase and iteration.
+    #[serde(default)]
+    pub attribution_failure: Option<Verdict>,
     /// The retained tensors that roots named with [`crate::watch`] hold.
     pub references: Vec<crate::refs::Reference>,
     /// The files written for this report, once written (not in the JSON).

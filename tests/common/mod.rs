@@ -5,6 +5,13 @@
 #[allow(unused_imports)]
 pub use gpu_leak_test::cuda_device_or_skip;
 
+/// The crate's folder at run time: cargo and nextest set CARGO_MANIFEST_DIR
+/// (nextest remaps it when an archive runs from another checkout, where the
+/// build-time path does not exist).
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
 /// What the hook reports for an allocation of `bytes`: exact on the CPU,
 /// rounded up to the caching allocator's 512-byte blocks on CUDA.
 pub fn allocated_size(device: &str, bytes: u64) -> u64 {
