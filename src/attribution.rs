@@ -25,6 +25,10 @@ pub struct Site {
     pub bytes_per_iteration: f64,
     /// The attribution iterations (1-based) the survivors were allocated in.
     pub iterations: Vec<u32>,
+    /// Bytes of its survivors allocated in each attribution iteration
+    /// (index 0 is iteration 1): how the site's retained bytes built up.
+    #[serde(default)]
+    pub bytes_by_iteration: Vec<u64>,
     /// Allocated inside `backward()`.
     pub inside_backward: bool,
     /// Allocated on another thread (an autograd device thread, or in
@@ -139,6 +143,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             bytes: 0,
             bytes_per_iteration: 0.0,
             iterations: Vec::new(),
+            bytes_by_iteration: Vec::new(),
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
             device: survivor.device,
@@ -155,6 +160,12 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
         });
         site.allocations += 1;
         site.bytes += survivor.bytes;
+        if site.bytes_by_iteration.len() < iterations as usize {
+            site.bytes_by_iteration.resize(iterations as usize, 0);
+        }
+        if let Some(slot) = (survivor.tag as usize).checked_sub(1).and_then(|i| site.bytes_by_iteration.get_mut(i)) {
+            *slot += survivor.bytes;
+        }
         site.addresses.push(survivor.address);
         if !site.iterations.contains(&survivor.tag) {
             site.iterations.push(survivor.tag);

@@ -362,3 +362,28 @@ fn a_should_panic_leak_test_is_shown_as_expected_in_the_index() {
     assert!(index.contains("expected by #[should_panic]") && index.contains("class=\"expected\""), "{index}");
     assert!(index.contains(&report.top_site().unwrap().location.clone().unwrap()), "the site column: {index}");
 }
+
+/// A leak at two lines: its page (written under target/test-scratch/page,
+/// where scripts/browser-check.sh renders it in Chromium) has a stacked
+/// series per site, the site table with stacks, the views and the links.
+#[test]
+fn a_failing_test_has_a_page_with_a_series_per_site() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let report = leaking_report("cpu", &a, &b);
+    let dir = scratch("page");
+    let passing = harness("clean_neighbour", "cpu").run(|_| {}).unwrap();
+    files::write_report(&passing, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    let page = std::fs::read_to_string(&written.page).unwrap();
+    let sites = report.attribution.as_ref().unwrap().sites.len();
+    assert!(sites >= 2, "{report}");
+    assert_eq!(page.matches("class=\"site-series\"").count(), sites.min(8), "one stacked series per site");
+    assert_eq!(page.matches("<tr class=\"site\">").count(), sites);
+    for id in ["verdict", "settings", "devices", "views", "timeline", "by-site", "sites", "references"] {
+        assert!(page.contains(&format!("id=\"{id}\"")), "the page has #{id}");
+    }
+    assert!(page.contains(&a.location(FILE)) && page.contains("<details><summary>stack</summary>"), "{page}");
+    let index = std::fs::read_to_string(&written.index).unwrap();
+    let page_name = written.page.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(index.contains(&format!("href=\"{page_name}\"")), "the index links the page: {index}");
+}

@@ -20,6 +20,8 @@ pub struct ReportFiles {
     pub plot: Option<PathBuf>,
     /// `index.html` of every report in the folder.
     pub index: PathBuf,
+    /// The test's own page (`<test>.html`).
+    pub page: PathBuf,
 }
 
 /// Where reports go by default: `target/gpu-leak-test` of the build that
@@ -145,8 +147,10 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
     let text = json::to_json(report, plot_name.as_deref()).map_err(|e| format!("cannot serialise the report: {e}"))?;
     let json_path = dir.join(format!("{stem}.json"));
     write_atomically(&json_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    let page = dir.join(format!("{stem}.html"));
+    write_atomically(&page, super::page::render(report).as_bytes()).map_err(|e| format!("cannot write {}: {e}", page.display()))?;
     let index = update_index(dir, IndexRow::of(report, &stem, plot_name.as_deref()))?;
-    Ok(ReportFiles { json: json_path, plot, index })
+    Ok(ReportFiles { json: json_path, plot, index, page })
 }
 
 /// What the index shows of one report: one line of `index.rows`.
@@ -300,8 +304,9 @@ fn index_html(rows: &[IndexRow], run: &str) -> String {
         };
         let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
         html.push_str(&format!(
-            "<tr class=\"{}\"><td>{}</td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
+            "<tr class=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
             if current(r) { "current" } else { "stale" },
+            escape(&r.stem),
             escape(&r.test),
             escape(&r.device),
             escape(&verdict) + if current(r) { "" } else { " (stale)" },

@@ -3,6 +3,7 @@
 pub mod files;
 mod format;
 pub(crate) mod hints;
+pub mod page;
 pub mod json;
 pub mod svg;
 mod text;

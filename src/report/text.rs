@@ -424,7 +424,13 @@ impl fmt::Display for Report {
         }
         if let Some(files) = &self.files {
             let plot = files.plot.as_ref().map(|p| format!("\n  Plot: {}", p.display())).unwrap_or_default();
-            let _ = write!(out, "\n  Report: {}{plot}\n  All tests: {}\n", files.json.display(), files.index.display());
+            let _ = write!(
+                out,
+                "\n  Page: {}\n  Report: {}{plot}\n  All tests: {}\n",
+                files.page.display(),
+                files.json.display(),
+                files.index.display()
+            );
         }
         let s = &self.settings;
         let _ = writeln!(

@@ -1,0 +1,213 @@
+//! The page of one test (`<test>.html`): readable without opening the JSON.
+//! The verdict and the settings, the three memory views, the timeline, the
+//! retained bytes stacked by allocation site over the attribution
+//! iterations (so you see which line grows), a marker where the body
+//! failed, the sites with expandable stacks, and the retained tensors.
+use super::format::{device_name, escape_markup as escape};
+use super::{bytes, signed_bytes, svg, Report};
+use crate::verdict::Verdict;
+use std::fmt::Write;
+
+/// Colours of the stacked site series, in site order.
+const SITE_COLORS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+/// The page's HTML. `plot` is the timeline's file name, where one was
+/// written beside it.
+pub fn render(report: &Report) -> String {
+    let mut html = String::new();
+    let status = if report.passed() { "pass" } else if report.expected_failure { "expected" } else { "fail" };
+    let _ = write!(
+        html,
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<title>{test} - gpu-leak-test</title>\n<style>\
+         body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}\
+         td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}}\
+         .fail{{color:#b00020}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}pre{{background:#f6f6f6;padding:8px;overflow-x:auto}}\
+         .marker{{color:#b00020;font-weight:bold}}</style>\n\
+         <p><a href=\"index.html\">all tests</a></p>\n<h1>{test}</h1>\n\
+         <p id=\"verdict\" class=\"{status}\"><b>{verdict}</b> on {device} ({scope} scope){body}{location}</p>\n",
+        test = escape(&report.test),
+        verdict = escape(&report.verdict.label().replace('_', " ")),
+        device = escape(&device_name(report.verdict_device)),
+        scope = escape(&report.scope),
+        body = if report.verdict_device != report.device {
+            format!("; the body ran on {}", escape(&device_name(report.device)))
+        } else {
+            String::new()
+        },
+        location = report.location.as_deref().map(|l| format!(" &middot; {}", escape(l))).unwrap_or_default(),
+    );
+    settings_and_devices(report, &mut html);
+    views(report, &mut html);
+    failure_marker(report, &mut html);
+    let _ = write!(html, "<h2>Timeline</h2>\n<figure id=\"timeline\">{}</figure>\n", svg::timeline(report));
+    stacked_by_site(report, &mut html);
+    sites(report, &mut html);
+    references(report, &mut html);
+    for note in report.hints.iter().chain(&report.notes) {
+        let _ = writeln!(html, "<p class=\"hint\">{}</p>", escape(note));
+    }
+    html
+}
+
+fn settings_and_devices(report: &Report, html: &mut String) {
+    let s = &report.settings;
+    let _ = write!(
+        html,
+        "<h2>Settings</h2>\n<table id=\"settings\"><tr><th>warm-up</th><td>{}</td></tr><tr><th>measured</th><td>{}</td></tr>\
+         <tr><th>threshold</th><td>{}</td></tr><tr><th>peak budget</th><td>{}</td></tr><tr><th>attribution</th><td>{}</td></tr></table>\n\
+         <h2>Devices judged</h2>\n<table id=\"devices\"><tr><th>device</th><th>verdict</th></tr>\n",
+        s.warmup,
+        s.iterations,
+        bytes(s.threshold_bytes),
+        s.peak_budget_bytes.map(bytes).unwrap_or_else(|| "none".into()),
+        s.attribution_iterations,
+    );
+    for d in &report.devices {
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td></tr>",
+            escape(&device_name(d.device)),
+            escape(&d.verdict.label().replace('_', " "))
+        );
+    }
+    html.push_str("</table>\n");
+}
+
+fn views(report: &Report, html: &mut String) {
+    let (Some(before), Some(after)) = (&report.before, &report.after) else { return };
+    let _ = writeln!(
+        html,
+        "<h2>Memory on {}</h2>\n<table id=\"views\"><tr><th></th><th>before</th><th>after</th><th>change</th></tr>",
+        escape(&device_name(report.device))
+    );
+    let mut row = |name: &str, b: Option<i64>, a: Option<i64>| {
+        if let (Some(b), Some(a)) = (b, a) {
+            let _ = writeln!(html, "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td></tr>", signed_bytes(b), signed_bytes(a), signed_bytes(a - b));
+        }
+    };
+    let signed = |v: Option<u64>| v.map(|v| v as i64);
+    row("tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes));
+    row("allocator allocated", signed(before.allocated_bytes), signed(after.allocated_bytes));
+    row("driver used", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
+    html.push_str("</table>\n");
+}
+
+fn failure_marker(report: &Report, html: &mut String) {
+    let failures = [Some(&report.verdict), report.attribution_failure.as_ref()];
+    for failure in failures.into_iter().flatten() {
+        if let Verdict::Panicked { phase, iteration, message }
+        | Verdict::OutOfMemory { phase, iteration, message }
+        | Verdict::BodyError { phase, iteration, message } = failure
+        {
+            let _ = writeln!(
+                html,
+                "<p class=\"marker\" id=\"failure\">&#9888; {} in {phase} iteration {iteration}</p>\n<pre>{}</pre>",
+                escape(&failure.label().replace('_', " ")),
+                escape(message)
+            );
+        }
+    }
+}
+
+/// Retained bytes at the end of each attribution iteration, stacked by
+/// site: a site that leaks is a band that widens every iteration.
+fn stacked_by_site(report: &Report, html: &mut String) {
+    let Some(attribution) = &report.attribution else { return };
+    let sites: Vec<_> = attribution.sites.iter().filter(|s| !s.bytes_by_iteration.is_empty()).take(SITE_COLORS.len()).collect();
+    if sites.is_empty() {
+        return;
+    }
+    let n = attribution.iterations.max(1) as usize;
+    // Cumulative retained bytes per site after each iteration.
+    let cumulative: Vec<Vec<f64>> = sites
+        .iter()
+        .map(|s| {
+            (0..n).scan(0.0, |sum, i| {
+                *sum += s.bytes_by_iteration.get(i).copied().unwrap_or(0) as f64;
+                Some(*sum)
+            })
+            .collect()
+        })
+        .collect();
+    let total_max = (0..n).map(|i| cumulative.iter().map(|c| c[i]).sum::<f64>()).fold(1.0, f64::max);
+    let (width, height, left, bottom) = (820.0, 260.0, 70.0, 30.0);
+    let x = |i: usize| left + (width - left - 20.0) * if n == 1 { 1.0 } else { i as f64 / (n - 1) as f64 };
+    let y = |v: f64| (height - bottom) - (height - bottom - 20.0) * v / total_max;
+    let _ = write!(
+        html,
+        "<h2>Retained bytes by allocation site</h2>\n<p>After each of the {n} attribution iterations, what each site's survivors hold; \
+         a site that leaks widens every iteration.</p>\n<svg id=\"by-site\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <text x=\"4\" y=\"14\">{}</text><text x=\"4\" y=\"{:.0}\">0 B</text>\n",
+        escape(&bytes(total_max as u64)),
+        height - bottom
+    );
+    let mut below = vec![0.0; n];
+    for (k, (site, values)) in sites.iter().zip(&cumulative).enumerate() {
+        let above: Vec<f64> = below.iter().zip(values).map(|(b, v)| b + v).collect();
+        let mut points: Vec<String> = (0..n).map(|i| format!("{:.1},{:.1}", x(i), y(above[i]))).collect();
+        points.extend((0..n).rev().map(|i| format!("{:.1},{:.1}", x(i), y(below[i]))));
+        let label = site.location.as_deref().unwrap_or(&site.description);
+        let _ = writeln!(
+            html,
+            "<polygon class=\"site-series\" data-site=\"{}\" fill=\"{}\" fill-opacity=\"0.75\" points=\"{}\"><title>{}</title></polygon>",
+            escape(label),
+            SITE_COLORS[k],
+            points.join(" "),
+            escape(label)
+        );
+        below = above;
+    }
+    for i in 0..n {
+        let _ = writeln!(html, "<text x=\"{:.1}\" y=\"{:.0}\" text-anchor=\"middle\">a{}</text>", x(i), height - 10.0, i + 1);
+    }
+    html.push_str("</svg>\n");
+}
+
+fn sites(report: &Report, html: &mut String) {
+    let Some(attribution) = &report.attribution else { return };
+    html.push_str(
+        "<h2>Where it was allocated</h2>\n<table id=\"sites\"><tr><th></th><th>bytes</th><th>per iteration</th><th>iterations</th><th>site</th></tr>\n",
+    );
+    for (k, site) in attribution.sites.iter().enumerate() {
+        let color = SITE_COLORS.get(k).copied().unwrap_or("#999");
+        let stack: String = site
+            .stack
+            .iter()
+            .map(|f| match f.location() {
+                Some(location) => format!("{}  at {location}\n", f.function),
+                None => format!("{}\n", f.function),
+            })
+            .collect();
+        let _ = writeln!(
+            html,
+            "<tr class=\"site\"><td><span style=\"color:{color}\">&#9632;</span></td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>stack</summary><pre>{}</pre></details></td></tr>",
+            bytes(site.bytes),
+            bytes(site.bytes_per_iteration.round().max(0.0) as u64),
+            site.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            escape(&site.description),
+            escape(&stack)
+        );
+    }
+    html.push_str("</table>\n");
+}
+
+fn references(report: &Report, html: &mut String) {
+    if report.references.is_empty() {
+        return;
+    }
+    html.push_str("<h2>Retained tensors</h2>\n<table id=\"references\"><tr><th>held by</th><th>tensors</th><th>shape</th><th>bytes</th><th>allocated at</th></tr>\n");
+    for r in &report.references {
+        let shape: Vec<String> = r.shape.iter().map(i64::to_string).collect();
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>[{}] {}</td><td>{}</td><td>{}</td></tr>",
+            escape(&r.held_by),
+            r.tensors,
+            shape.join(", "),
+            escape(&r.dtype),
+            bytes(r.bytes),
+            escape(r.allocated_at.as_deref().unwrap_or(""))
+        );
+    }
+    html.push_str("</table>\n");
+}
