@@ -1,0 +1,1 @@
+//! Nothing here: the tests are what this example is for.
