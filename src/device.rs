@@ -58,10 +58,26 @@ impl DeviceChoice {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
             DeviceChoice::Cuda(index) => cuda::check_device(index).map(|_| Device::Cuda(index)),
-            DeviceChoice::Auto if cuda::is_available() => Ok(Device::Cuda(0)),
+            DeviceChoice::Auto if cuda::is_available() => Ok(Device::Cuda(auto_cuda_index(cuda::device_count()))),
             DeviceChoice::Auto if require_cuda => cuda::check_device(0).map(|_| Device::Cuda(0)),
             DeviceChoice::Auto => Ok(Device::Cpu),
         }
+    }
+}
+
+/// The CUDA device `auto` picks on a machine with `count` devices: under
+/// cargo nextest, where every test is a process of its own, the test's slot
+/// number (`NEXTEST_TEST_GLOBAL_SLOT`) modulo the count, so a runner's tests
+/// spread over all its GPUs; else the first device.
+fn auto_cuda_index(count: usize) -> usize {
+    let slot = std::env::var("NEXTEST_TEST_GLOBAL_SLOT").ok().and_then(|s| s.trim().parse::<usize>().ok());
+    spread(slot, count)
+}
+
+fn spread(slot: Option<usize>, count: usize) -> usize {
+    match slot {
+        Some(slot) if count > 1 => slot % count,
+        _ => 0,
     }
 }
 
@@ -87,6 +103,14 @@ pub fn lock_device(device: Device) -> MutexGuard<'static, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_spreads_nextest_slots_over_every_gpu_and_keeps_cuda_0_otherwise() {
+        assert_eq!((0..6).map(|slot| spread(Some(slot), 2)).collect::<Vec<_>>(), [0, 1, 0, 1, 0, 1]);
+        assert_eq!(spread(Some(7), 8), 7);
+        assert_eq!(spread(Some(5), 1), 0, "one GPU");
+        assert_eq!(spread(None, 8), 0, "not under nextest");
+    }
 
     #[test]
     fn parsing() {

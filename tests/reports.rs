@@ -387,3 +387,42 @@ fn a_failing_test_has_a_page_with_a_series_per_site() {
     let page_name = written.page.file_name().unwrap().to_string_lossy().into_owned();
     assert!(index.contains(&format!("href=\"{page_name}\"")), "the index links the page: {index}");
 }
+
+/// Three partitions' report folders merge into one index that lists exactly
+/// the tests of one unpartitioned run.
+#[test]
+fn merged_partitions_list_exactly_the_tests_of_the_whole_run() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let template = leaking_report("cpu", &a, &b);
+    let names: Vec<String> = (0..9).map(|i| format!("suite::test_{i}")).collect();
+    let write = |dir: &Path, names: &[String]| {
+        for name in names {
+            let mut report = template.clone();
+            report.test = name.clone();
+            files::write_report(&report, dir, gpu_leak_test::config::Plots::None).unwrap();
+        }
+    };
+    let whole = scratch("merge_whole");
+    write(&whole, &names);
+    let parts: Vec<PathBuf> = (0..3).map(|p| scratch(&format!("merge_part_{p}"))).collect();
+    for (p, dir) in parts.iter().enumerate() {
+        let mine: Vec<String> = names.iter().skip(p).step_by(3).cloned().collect();
+        write(dir, &mine);
+    }
+    let merged = scratch("merge_out");
+    let rows = files::merge_report_dirs(&merged, &parts).unwrap();
+    assert_eq!(rows, names.len());
+    let listed = |dir: &Path| -> std::collections::BTreeSet<String> {
+        std::fs::read_to_string(dir.join("index.rows"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["test"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(listed(&merged), listed(&whole));
+    let index = std::fs::read_to_string(merged.join("index.html")).unwrap();
+    assert!(index.contains("9 tests") && !index.contains("class=\"stale\""), "{index}");
+    // Every report file came along.
+    let jsons = std::fs::read_dir(&merged).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json")).count();
+    assert_eq!(jsons, names.len());
+}

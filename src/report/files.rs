@@ -268,6 +268,48 @@ fn update_index(dir: &Path, row: IndexRow) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// Merges the report folders of several runners (nextest partitions) into
+/// `out`: every report file is copied, one row is kept per report (the
+/// newest where two folders have one), the rows of each folder's latest run
+/// become one run, and `out/index.html` is written. Returns the number of
+/// rows of that merged run.
+pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let merged_run = format!("merged-{}", std::process::id());
+    let mut by_stem: std::collections::BTreeMap<String, IndexRow> = Default::default();
+    for input in inputs {
+        let rows_path = input.join("index.rows");
+        let text = std::fs::read_to_string(&rows_path).map_err(|e| format!("cannot read {}: {e}", rows_path.display()))?;
+        let rows: Vec<IndexRow> = text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect();
+        let latest_run = rows.iter().max_by_key(|r| r.written_at).map(|r| r.run.clone());
+        for entry in std::fs::read_dir(input).map_err(|e| format!("cannot list {}: {e}", input.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let is_report = path.extension().is_some_and(|e| e == "json" || e == "html" || e == "svg");
+            let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+            if is_report && name != "index.html" {
+                std::fs::copy(&path, out.join(&name)).map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
+            }
+        }
+        for mut row in rows {
+            if Some(&row.run) == latest_run.as_ref() {
+                row.run = merged_run.clone();
+            }
+            match by_stem.get(&row.stem) {
+                Some(kept) if kept.written_at > row.written_at => {}
+                _ => {
+                    by_stem.insert(row.stem.clone(), row);
+                }
+            }
+        }
+    }
+    let rows: Vec<IndexRow> = by_stem.into_values().collect();
+    let text: String = rows.iter().filter_map(|r| serde_json::to_string(r).ok()).map(|line| line + "\n").collect();
+    write_atomically(&out.join("index.rows"), text.as_bytes()).map_err(|e| format!("cannot write index.rows: {e}"))?;
+    write_atomically(&out.join("index.html"), index_html(&rows, &merged_run).as_bytes())
+        .map_err(|e| format!("cannot write index.html: {e}"))?;
+    Ok(rows.iter().filter(|r| r.run == merged_run).count())
+}
+
 /// The index page: this run's counts by verdict, then a row per report,
 /// failures first; rows from earlier runs are marked stale.
 fn index_html(rows: &[IndexRow], run: &str) -> String {
