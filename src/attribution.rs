@@ -200,7 +200,8 @@ fn is_hook_frame(frame: &Frame) -> bool {
         || f.contains("report_process_event")
         || f.contains("CountingCpuAllocator")
         || f.contains("on_cuda_trace")
-        || f.contains("std::function<void (c10::CachingDeviceAllocator::TraceEntry const&)>")
+        // The CUDA trace tracker's std::function plumbing (process scope).
+        || f.contains("c10::CachingDeviceAllocator::TraceEntry const&")
 }
 
 /// Keeps a stack readable: drops the hook's own frames, folds long runs of
@@ -261,6 +262,7 @@ mod tests {
             frame("core::bool::<impl bool>::then", Some("/rustc/1/library/core/src/bool.rs")),
             frame("gpu_leak_test::probe::hook::TrackerState::on_allocation", Some(own)),
             frame("(anonymous namespace)::RustHook::reportMemoryUsage(void*, long, unsigned long, unsigned long, c10::Device)", None),
+            frame("std::_Function_handler<void (c10::CachingDeviceAllocator::TraceEntry const&), void (*)(c10::CachingDeviceAllocator::TraceEntry const&)>::_M_invoke(std::_Any_data const&, c10::CachingDeviceAllocator::TraceEntry const&)", None),
             frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", None),
             frame("user::leaky::{{closure}}", Some("/w/tests/t.rs")),
         ];

@@ -337,7 +337,7 @@ fn series_line(samples: &[Sample], out: &mut String) {
     if samples.is_empty() {
         return;
     }
-    let mut line = String::from("\n  Live bytes after each iteration (hook, change from the one before):");
+    let mut line = String::from("\n  Live bytes after each iteration (exact, change from the one before):");
     let mut previous: Option<i64> = None;
     let mut phase: Option<Phase> = None;
     for sample in samples {
