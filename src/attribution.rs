@@ -15,8 +15,9 @@ pub struct Site {
     /// crate under test where possible; `None` when no frame is the user's.
     pub location: Option<String>,
     pub function: Option<String>,
-    /// Where a helper function of the user's (not a closure) was called
-    /// from: the next frame of the user's code further out, `file:line`.
+    /// The next line of the user's code further out (`file:line`): where a
+    /// helper was called, or where a model whose closure allocated was
+    /// called (`forward`). The description names up to three such lines.
     pub called_from: Option<String>,
     /// One line saying what the site is.
     pub description: String,
@@ -99,6 +100,39 @@ impl Attribution {
     }
 }
 
+/// How many lines of the user's code, beyond the allocating one, a site
+/// names: enough to tell two loops that call one model apart.
+const CALLERS_NAMED: usize = 3;
+
+/// The lines of the user's code further out than `frames[0]` (the
+/// allocating frame of the user's), innermost first, up to the harness: for
+/// a closure in a model definition (`add_fn(|x| ...)`), the line that
+/// called into the model (`forward`, `forward_t`, `apply`); for a helper,
+/// the line that called it. Frames are told apart by their line, not their
+/// function's name: two closures of one function demangle alike.
+fn callers_in_user_code(frames: &[Frame], root: &Path) -> Vec<String> {
+    let mut callers: Vec<String> = Vec::new();
+    let first = frames.first().and_then(|f| f.location()).map(|l| stacks::relative_to(&l, root));
+    for frame in frames.iter().skip(1) {
+        // Past the harness the frames are the test function's, every site's alike.
+        if frame.function.starts_with("gpu_leak_test::") {
+            break;
+        }
+        if stacks::is_library_frame(frame) {
+            continue;
+        }
+        if let Some(location) = frame.location().map(|l| stacks::relative_to(&l, root)) {
+            if callers.last().or(first.as_ref()) != Some(&location) {
+                callers.push(location);
+            }
+        }
+        if callers.len() == CALLERS_NAMED {
+            break;
+        }
+    }
+    callers
+}
+
 /// Groups `survivors` (every device), allocated with tags `1..=iterations`.
 /// `root` is the manifest folder of the crate under test, for short paths.
 pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> Attribution {
@@ -111,13 +145,8 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
         let user = user_index.map(|i| &frames[i]);
         let location = user.and_then(|f| f.location()).map(|l| stacks::relative_to(&l, root));
         let function = user.map(|f| f.function.clone());
-        let called_from = user_index
-            .filter(|&i| !frames[i].function.contains("{{closure}}"))
-            .and_then(|i| {
-                frames[i + 1..].iter().find(|f| !stacks::is_library_frame(f) && f.function != frames[i].function)
-            })
-            .and_then(|f| f.location())
-            .map(|l| stacks::relative_to(&l, root));
+        let chain = user_index.map(|i| callers_in_user_code(&frames[i..], root)).unwrap_or_default();
+        let called_from = chain.first().cloned();
         let on_thread = match (&survivor.thread, inside_backward) {
             (Some(thread), false) => format!(" on thread `{thread}`"),
             (None, false) if !survivor.on_owner_thread => " on another thread".to_string(),
@@ -125,8 +154,8 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
         };
         let description = match (&location, inside_backward, survivor.on_owner_thread) {
             (Some(location), _, _) => {
-                let caller = called_from.as_deref().map(|c| format!(", called from {c}")).unwrap_or_default();
-                format!("{location} in {}{caller}{on_thread}", function.as_deref().unwrap_or("?"))
+                let callers: String = chain.iter().map(|c| format!(", called from {c}")).collect();
+                format!("{location} in {}{callers}{on_thread}", function.as_deref().unwrap_or("?"))
             }
             (None, true, _) | (None, _, false) => {
                 "allocated by an autograd thread during backward() (no frame of yours on its stack)".to_string()

@@ -212,7 +212,49 @@ fn a_history_grown_with_cat_is_a_leak(device: &str) {
     assert_eq!(report.top_site().unwrap().location.as_deref(), Some(mark.location("tests/detector.rs").as_str()), "{report}");
 }
 
+/// One `nn::seq().add_fn(..)` model, a clean training loop and a validation
+/// loop that keeps a total as a tensor (with every batch's graph): the sites
+/// in the model's closure are named with the validation loop's line, never
+/// the training loop's.
+fn an_add_fn_model_used_by_two_loops_is_named_at_the_loop_that_keeps_it(device: &str) {
+    use tch::nn::{self, Module, OptimizerConfig};
+    let (training_line, validation_line) = (&LineMark::default(), &LineMark::default());
+    // The model's closure must be 'static: its line is a constant.
+    const MODEL_LINE: u32 = line!() + 6;
+    let report = leak_test("two_loops", device)
+        .run_with_setup(|device| {
+            let vs = nn::VarStore::new(device);
+            let net = nn::seq()
+                .add(nn::linear(vs.root() / "l1", 16, 32, Default::default()))
+                .add_fn(|x| x.relu() * 2.0)
+                .add(nn::linear(vs.root() / "l2", 32, 1, Default::default()));
+            let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
+            let mut total = Tensor::zeros([], (Kind::Float, device));
+            move || {
+                let x = Tensor::randn([8, 16], (Kind::Float, device));
+                training_line.set(line!()); let loss = net.forward(&x).mean(Kind::Float);
+                opt.backward_step(&loss);
+                let v = Tensor::randn([8, 16], (Kind::Float, device));
+                validation_line.set(line!()); total = &total + net.forward(&v).sum(Kind::Float);
+            }
+        })
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let file = "tests/detector.rs";
+    let sites = &report.attribution.as_ref().unwrap().sites;
+    let model_location = format!("{file}:{MODEL_LINE}");
+    let in_model: Vec<_> = sites.iter().filter(|s| s.location.as_deref() == Some(model_location.as_str())).collect();
+    assert!(!in_model.is_empty(), "a site in the model's closure:\n{report}");
+    for site in in_model {
+        assert_eq!(site.called_from.as_deref(), Some(validation_line.location(file).as_str()), "{report}");
+    }
+    let training = training_line.location(file);
+    assert!(sites.iter().all(|s| s.location.as_deref() != Some(&training) && s.called_from.as_deref() != Some(&training)), "{report}");
+    assert!(report.to_string().contains(&format!("called from {}", validation_line.location(file))), "{report}");
+}
+
 on_each_device!(
+    an_add_fn_model_used_by_two_loops_is_named_at_the_loop_that_keeps_it,
     gradients_kept_from_backward_get_the_autograd_hint,
     a_buffer_whose_size_varies_is_bounded_not_a_leak,
     a_history_grown_with_cat_is_a_leak,

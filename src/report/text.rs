@@ -203,6 +203,9 @@ fn without_cpp_frames(message: &str) -> &str {
     message[..end.unwrap_or(message.len())].trim_end()
 }
 
+/// How many sites get their stack printed.
+const STACKS_SHOWN: usize = 3;
+
 fn attribution_lines(report: &Report, out: &mut String) {
     let Some(attribution) = &report.attribution else { return };
     let last = attribution.iterations;
@@ -241,8 +244,11 @@ fn attribution_lines(report: &Report, out: &mut String) {
     if attribution.sites.len() > 8 {
         let _ = writeln!(out, "    … and {} smaller sites", attribution.sites.len() - 8);
     }
-    if let Some(top) = attribution.sites.first() {
-        let _ = writeln!(out, "\n  Stack of the biggest site (innermost first):");
+    // Stacks of the top sites, not only the biggest: a leak often has a
+    // small site that matters next to a big one.
+    for (rank, top) in attribution.sites.iter().take(STACKS_SHOWN).enumerate() {
+        let which = if rank == 0 { "the biggest site".to_string() } else { format!("site {}", rank + 1) };
+        let _ = writeln!(out, "\n  Stack of {which}, {} (innermost first):", top.location.as_deref().unwrap_or("no frame of yours"));
         for frame in &top.stack {
             match frame.location() {
                 Some(location) => {
