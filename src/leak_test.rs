@@ -334,9 +334,9 @@ pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
     }
 }
 
-/// Writes the JSON report (and plot, and index) where the settings say; a
-/// failure to write is a warning and never changes the verdict.
-fn write_files(report: &mut Report, settings: &Settings) {
+/// Writes the JSON report (and plot, page and index) where the settings
+/// say; a failure to write is a warning and never changes the verdict.
+pub(crate) fn write_files(report: &mut Report, settings: &Settings) {
     let dir = settings.report_dir.clone().unwrap_or_else(crate::report::files::default_report_dir);
     match crate::report::files::write_report(report, &dir, settings.plots) {
         Ok(files) => report.files = Some(files),

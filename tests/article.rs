@@ -30,17 +30,11 @@ fn harness(name: &str, device: &str) -> LeakTest {
     LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Prints the report (the main job's output) and writes its JSON and plot
-/// beside the other reports, so every scenario has a picture.
+/// Prints the report (the main job's output) and writes its files beside the
+/// other reports, as the attribute does.
 fn show(report: &Report) {
     let mut report = report.clone();
-    let dir = std::env::var_os("GPU_LEAK_TEST_REPORT_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(gpu_leak_test::report::files::default_report_dir);
-    match gpu_leak_test::report::files::write_report(&report, &dir, gpu_leak_test::config::Plots::All) {
-        Ok(files) => report.files = Some(files),
-        Err(why) => eprintln!("could not write the report files: {why}"),
-    }
+    report.write_files();
     println!("{report}\n");
 }
 

@@ -220,6 +220,18 @@ impl Report {
         }
     }
 
+    /// Writes the report's files as `LeakTest::check*` does: where
+    /// `GPU_LEAK_TEST_REPORT_DIR`, `gpu-leak-test.yaml` (found from
+    /// CARGO_MANIFEST_DIR at run time) or the default say. A failure to write
+    /// is a warning on stderr; [`Report::files`] says what was written.
+    pub fn write_files(&mut self) {
+        let root = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+        match crate::config::Settings::resolve(&crate::Options::default(), &self.test, root.as_deref()) {
+            Ok(settings) => crate::leak_test::write_files(self, &settings),
+            Err(why) => eprintln!("gpu-leak-test: warning: {}: the report was not written ({why})", self.test),
+        }
+    }
+
     /// One line for a passing test that names its real verdict (the
     /// harness prints it; shown with `--nocapture`).
     pub fn summary_line(&self) -> String {
