@@ -22,7 +22,7 @@ pub use error::{Error, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
 pub use leak_test::{cuda_device_or_skip, LeakTest};
-pub use refs::{watch, Reference, TensorRefs};
+pub use refs::{watch, GraphRetention, Reference, TensorRefs};
 pub use report::{DeviceResult, MemoryViews, Report};
 pub use tch;
 pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard};

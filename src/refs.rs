@@ -175,6 +175,9 @@ struct Watched {
     shape: Vec<i64>,
     dtype: String,
     device: Device,
+    /// Requires grad and is not a leaf: it has an autograd graph behind it,
+    /// which keeps the tensors saved for backward alive.
+    has_graph: bool,
 }
 
 thread_local! {
@@ -199,6 +202,7 @@ pub fn watch<T: TensorRefs + ?Sized>(root: &str, value: &T) {
             shape: tensor.size(),
             dtype: format!("{:?}", tensor.kind()),
             device: tensor.device(),
+            has_graph: tensor.requires_grad() && !tensor.is_leaf(),
         })
     });
     WATCHED.with(|w| {
@@ -238,6 +242,13 @@ impl Drop for Watching {
 pub struct Reference {
     /// Where they are held, with index ranges: `cache[0..100]`.
     pub held_by: String,
+    /// Other watched paths to the same storage (counted once, here).
+    #[serde(default)]
+    pub also_held_by: Vec<String>,
+    /// Where they require grad and have an autograd graph: what that graph
+    /// keeps alive beyond them.
+    #[serde(default)]
+    pub graph: Option<GraphRetention>,
     /// How many tensors.
     pub tensors: usize,
     /// Their shape.
@@ -287,9 +298,13 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
         .flat_map(|site| site.addresses.iter().map(move |&a| (a, site.location.clone().or(Some(site.description.clone())))))
         .collect();
     type Key = (String, String, Vec<i64>, String, String, Option<String>);
-    /// Indices, paths, distinct storages, bytes and device of one group.
-    type Group = (Vec<usize>, Vec<String>, std::collections::BTreeSet<usize>, u64, Device);
+    /// Indices, paths, distinct storages, bytes, device, other paths to the
+    /// same storage, and whether any of them has an autograd graph.
+    type Group = (Vec<usize>, Vec<String>, std::collections::BTreeSet<usize>, u64, Device, Vec<String>, bool);
     let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
+    // Each storage is counted by the first path that holds it; later paths
+    // to it (a tensor kept twice, a view) are named beside it.
+    let mut claimed: HashMap<usize, Key> = HashMap::new();
     for watched in roots.values().flatten() {
         let Some(survivor) = containing(watched.data_ptr) else { continue };
         let site = site_of.get(&survivor.address).cloned().flatten();
@@ -298,7 +313,17 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
             None => (watched.path.clone(), None, String::new()),
         };
         let key = (prefix, suffix, watched.shape.clone(), watched.dtype.clone(), format!("{:?}", watched.device), site);
-        let entry = groups.entry(key).or_insert_with(|| (Vec::new(), Vec::new(), Default::default(), 0, watched.device));
+        if let Some(owner) = claimed.get(&survivor.address).filter(|owner| **owner != key) {
+            if let Some(group) = groups.get_mut(owner) {
+                group.5.push(watched.path.clone());
+                group.6 |= watched.has_graph;
+            }
+            continue;
+        }
+        claimed.insert(survivor.address, key.clone());
+        let entry =
+            groups.entry(key).or_insert_with(|| (Vec::new(), Vec::new(), Default::default(), 0, watched.device, Vec::new(), false));
+        entry.6 |= watched.has_graph;
         match index {
             Some(i) => entry.0.push(i),
             None => entry.1.push(watched.path.clone()),
@@ -309,7 +334,7 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
     }
     let mut references: Vec<Reference> = groups
         .into_iter()
-        .map(|((prefix, suffix, shape, dtype, _, site), (mut indices, plain, _, bytes, device))| {
+        .map(|((prefix, suffix, shape, dtype, _, site), (mut indices, plain, _, bytes, device, also, graph))| {
             indices.sort_unstable();
             indices.dedup();
             let tensors = indices.len() + plain.len();
@@ -318,11 +343,59 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
             } else {
                 format!("{prefix}{}{suffix}", index_ranges(&indices))
             };
-            Reference { held_by, tensors, shape, dtype, device, bytes, allocated_at: site }
+            Reference { held_by, also_held_by: also, tensors, shape, dtype, device, bytes, allocated_at: site, graph: graph.then(GraphRetention::default) }
         })
         .collect();
+    attribute_graph_retention(&mut references, survivors, &claimed, attribution);
     references.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.held_by.cmp(&b.held_by)));
     references
+}
+
+/// Survivors no watched tensor holds directly are what the autograd graphs
+/// behind watched tensors keep alive (the activations saved for backward):
+/// they are credited to the watched tensors that have a graph, on their
+/// device, grouped by allocation site. With several such tensors on one
+/// device the bytes are credited to the first and the others are named.
+fn attribute_graph_retention(
+    references: &mut [Reference],
+    survivors: &[LiveAllocation],
+    claimed: &HashMap<usize, impl Sized>,
+    attribution: &Attribution,
+) {
+    let site_of: HashMap<usize, String> = attribution
+        .sites
+        .iter()
+        .flat_map(|site| site.addresses.iter().map(move |&a| (a, site.location.clone().unwrap_or_else(|| site.description.clone()))))
+        .collect();
+    let devices: std::collections::BTreeSet<String> =
+        references.iter().filter(|r| r.graph.is_some()).map(|r| format!("{:?}", r.device)).collect();
+    for device in devices {
+        let holders: Vec<usize> =
+            (0..references.len()).filter(|&i| references[i].graph.is_some() && format!("{:?}", references[i].device) == device).collect();
+        let mut by_site: BTreeMap<String, u64> = BTreeMap::new();
+        for survivor in survivors.iter().filter(|s| !claimed.contains_key(&s.address) && format!("{:?}", s.device) == device) {
+            let site = site_of.get(&survivor.address).cloned().unwrap_or_else(|| "an unknown site".into());
+            *by_site.entry(site).or_default() += survivor.bytes;
+        }
+        let mut sites: Vec<(String, u64)> = by_site.into_iter().collect();
+        sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let first = holders[0];
+        let others: Vec<String> = holders[1..].iter().map(|&i| references[i].held_by.clone()).collect();
+        references[first].graph = Some(GraphRetention { bytes: sites.iter().map(|s| s.1).sum(), sites, shared_with: others });
+    }
+}
+
+/// What the autograd graph behind a watched tensor keeps alive.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct GraphRetention {
+    /// Bytes of surviving allocations no watched tensor holds directly.
+    pub bytes: u64,
+    /// Where they were allocated (`file:line`), with their bytes, biggest first.
+    pub sites: Vec<(String, u64)>,
+    /// Other watched tensors with a graph on the same device, which may
+    /// hold part of it.
+    pub shared_with: Vec<String>,
 }
 
 /// Runs of consecutive values in sorted `values`, as (first, last):

@@ -82,7 +82,72 @@ fn references_name_the_state_that_holds_retained_tensors(device: &str) {
     assert!(sites.iter().any(|s| s.location.as_deref() == Some(unwatched_line.location(FILE).as_str())), "{report}");
 }
 
-on_each_device!(references_name_the_state_that_holds_retained_tensors);
+/// A simulation keeps its states; each holds an `energy` scalar that
+/// requires grad. `watch` names the 4-byte scalar and says that its graph
+/// keeps the activations allocated at another line alive.
+fn a_kept_scalar_that_requires_grad_names_the_graph_it_keeps(device: &str) {
+    #[derive(TensorRefs)]
+    struct SimState {
+        energy: Tensor,
+        positions: Tensor,
+    }
+    let activation_line = &LineMark::default();
+    let report = harness("simulation", device)
+        .run_with_setup(|device| {
+            let weights = Tensor::randn([64, 64], (Kind::Float, device)).set_requires_grad(true);
+            let mut states: Vec<SimState> = Vec::new();
+            move || {
+                let positions = Tensor::randn([32, 64], (Kind::Float, device));
+                activation_line.set(line!()); let activations = positions.matmul(&weights).tanh();
+                let energy = activations.sum(Kind::Float);
+                states.push(SimState { energy, positions });
+                watch("states", &states);
+            }
+        })
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let energy = report.references.iter().find(|r| r.held_by.ends_with(".energy")).unwrap_or_else(|| panic!("{report}"));
+    let graph = energy.graph.as_ref().unwrap_or_else(|| panic!("the energy's graph is reported:\n{report}"));
+    // tanh saves its [32, 64] f32 output for backward: 8 KiB per state.
+    let at_activation = graph.sites.iter().find(|(site, _)| *site == activation_line.location(FILE)).map(|(_, b)| *b);
+    assert!(at_activation.is_some_and(|b| b >= 3 * 8192), "{report}");
+    let text = report.to_string();
+    assert!(text.contains("requires grad; its autograd graph keeps") && text.contains(&activation_line.location(FILE)), "{text}");
+}
+
+/// A tensor kept in two places (a best-so-far and the history) is one
+/// storage: counted once, with both paths named.
+fn storage_held_twice_is_counted_once_and_both_paths_are_named(device: &str) {
+    #[derive(TensorRefs)]
+    struct Tracking {
+        best: Option<Tensor>,
+        history: Vec<Tensor>,
+    }
+    let report = harness("shared_storage", device)
+        .run_with_setup(|device| {
+            let mut tracking = Tracking { best: None, history: Vec::new() };
+            move || {
+                let score = Tensor::randn([256], (Kind::Float, device));
+                tracking.best = Some(score.shallow_clone());
+                tracking.history.push(score);
+                watch("tracking", &tracking);
+            }
+        })
+        .unwrap();
+    let total: u64 = report.references.iter().map(|r| r.bytes).sum();
+    let per_tensor = common::allocated_size(device, 1024);
+    let kept = report.references.iter().map(|r| r.tensors as u64).sum::<u64>();
+    assert_eq!(total, kept * per_tensor, "each storage once:\n{report}");
+    let named_twice = report.references.iter().find(|r| !r.also_held_by.is_empty()).unwrap_or_else(|| panic!("{report}"));
+    assert!(named_twice.also_held_by.iter().chain([&named_twice.held_by]).any(|p| p == "tracking.best"), "{report}");
+    assert!(report.to_string().contains("the same storage, counted once"), "{report}");
+}
+
+on_each_device!(
+    references_name_the_state_that_holds_retained_tensors,
+    a_kept_scalar_that_requires_grad_names_the_graph_it_keeps,
+    storage_held_twice_is_counted_once_and_both_paths_are_named,
+);
 
 #[test]
 fn tensor_refs_paths_for_the_usual_containers() {

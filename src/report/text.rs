@@ -269,9 +269,14 @@ fn references_lines(report: &Report, out: &mut String) {
     let _ = writeln!(out, "\n  Retained tensors, by the part of your state that holds them:");
     for r in &report.references {
         let shape: Vec<String> = r.shape.iter().map(|d| d.to_string()).collect();
+        let also = if r.also_held_by.is_empty() {
+            String::new()
+        } else {
+            format!(" (also {}, the same storage, counted once)", r.also_held_by.join(", "))
+        };
         let _ = writeln!(
             out,
-            "    retained {} tensor{} [{}] {} {} ({}) referenced from {}{}",
+            "    retained {} tensor{} [{}] {} {} ({}) referenced from {}{also}{}",
             thousands(r.tensors as u64),
             if r.tensors == 1 { "" } else { "s" },
             shape.join(", "),
@@ -281,6 +286,22 @@ fn references_lines(report: &Report, out: &mut String) {
             r.held_by,
             r.allocated_at.as_deref().map(|a| format!(", allocated at {a}")).unwrap_or_default()
         );
+        if let Some(graph) = r.graph.as_ref().filter(|g| g.bytes > 0) {
+            let sites: Vec<String> = graph.sites.iter().take(3).map(|(site, b)| format!("{} at {site}", bytes(*b))).collect();
+            let others = if graph.shared_with.is_empty() {
+                String::new()
+            } else {
+                format!(" (or the graphs of {})", graph.shared_with.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "      {} requires grad; its autograd graph{others} keeps {} allocated elsewhere alive: {}; `detach()` it \
+                 or compute it under `tch::no_grad` if you keep it",
+                r.held_by,
+                bytes(graph.bytes),
+                sites.join(", ")
+            );
+        }
     }
 }
 
