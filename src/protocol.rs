@@ -441,6 +441,19 @@ impl<'a> Run<'a> {
             })
             .collect();
         let series = self.series(chosen);
+        // The host heap, where every tensor count passed: a graph kept by a
+        // `total += loss`, or a Rust collection, grows it while tensors stay flat.
+        let host_heap_growth = if self.verdicts.iter().all(|v| !v.is_failure()) {
+            let measured = |s: &Sample| matches!(s.phase, Phase::Measure | Phase::Confirm);
+            let baseline = self.samples.iter().rev().find(|s| matches!(s.phase, Phase::WarmUp | Phase::Setup)).and_then(|s| s.host_heap_bytes);
+            let levels: Option<Vec<i64>> = std::iter::once(baseline)
+                .chain(self.samples.iter().filter(|s| measured(s)).map(|s| s.host_heap_bytes))
+                .map(|b| b.map(|b| b as i64))
+                .collect();
+            levels.and_then(|levels| verdict::host_heap_growth(&levels, settings.iterations))
+        } else {
+            None
+        };
         let mut samples = self.samples;
         for (sample, levels) in samples.iter_mut().zip(&self.levels) {
             sample.live_bytes = levels[chosen];
@@ -477,6 +490,7 @@ impl<'a> Run<'a> {
             events_per_iteration: (view.allocations + view.frees) as f64 / iterations_run,
             hints: Vec::new(),
             notes: self.notes,
+            host_heap_growth_per_iteration: host_heap_growth,
             elapsed: started.elapsed(),
             verdict: self.verdicts[chosen].clone(),
         };

@@ -365,6 +365,22 @@ pub fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
         && matches!(shape(series.baseline(), &series.measured, window, threshold_bytes), Shape::Growing { .. })
 }
 
+/// The least host-heap growth per iteration worth a note: the harness's own
+/// bookkeeping adds a few hundred bytes per iteration.
+pub const HOST_HEAP_NOTE_BYTES: f64 = 1024.0;
+
+/// Host heap levels (before the first measured iteration, then after each)
+/// that grow like a leak, by at least [`HOST_HEAP_NOTE_BYTES`] per
+/// iteration: the bytes per iteration. Called where the tensor counts pass.
+pub fn host_heap_growth(levels: &[i64], window: u32) -> Option<f64> {
+    let (&baseline, measured) = levels.split_first()?;
+    let series = Series { start: baseline, after_setup: baseline, warmup: Vec::new(), measured: measured.to_vec() };
+    match decide(&series, window, 0, None) {
+        Verdict::Leak(leak) if leak.bytes_per_iteration >= HOST_HEAP_NOTE_BYTES => Some(leak.bytes_per_iteration),
+        _ => None,
+    }
+}
+
 /// Growth of a device-global view that the counted threads do not explain:
 /// `counted` and `global` are levels before the first measured iteration and
 /// after each. Returns the unexplained bytes per iteration where the

@@ -233,7 +233,26 @@ fn every_passing_verdict_says_what_it_is(device: &str) {
     assert!(!line(&bounded).contains("one-time"), "{}", line(&bounded));
 }
 
+/// Tensors stay flat while a Rust collection grows: the report says the
+/// host heap grew, with the usual causes, and the test still passes (a view,
+/// not a verdict).
+fn host_heap_growth_with_flat_tensors_is_described(device: &str) {
+    let mut kept: Vec<Vec<u8>> = Vec::new();
+    let report = leak_test("host_heap", device, "thread")
+        .run(|device| {
+            let _ = Tensor::ones([16], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
+            kept.push(vec![1u8; 64 * 1024]);
+        })
+        .unwrap();
+    assert!(report.passed(), "{report}");
+    let rate = report.host_heap_growth_per_iteration.unwrap_or_else(|| panic!("no host heap growth noted:\n{report}"));
+    assert!(rate >= 60_000.0, "{rate} B per iteration\n{report}");
+    assert!(report.hints.iter().any(|h| h.contains("the host heap grew")), "{report}");
+    assert!(report.before.unwrap().host_heap_bytes.is_some(), "glibc's view is sampled");
+}
+
 on_each_device!(
+    host_heap_growth_with_flat_tensors_is_described,
     host_copies_kept_by_a_test_on_any_device_fail_naming_the_line,
     a_tensor_made_on_a_spawned_thread_and_kept_fails_in_process_scope,
     a_tensor_made_on_a_rayon_pool_thread_and_kept_fails_in_process_scope,

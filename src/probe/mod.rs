@@ -4,6 +4,7 @@
 pub mod cuda;
 mod ffi;
 pub mod hook;
+pub mod host;
 pub mod process;
 pub mod stacks;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -24,6 +25,8 @@ pub struct Snapshot {
     pub hook: HookView,
     pub allocator: Option<AllocatorStats>,
     pub driver: Option<DriverMemory>,
+    /// The host heap in use (whole process), where the C library says.
+    pub host_heap: Option<u64>,
 }
 
 impl Snapshot {
@@ -37,6 +40,6 @@ impl Snapshot {
             }
             _ => (None, None),
         };
-        Snapshot { device, hook: tracker.view(device), allocator, driver }
+        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap: host::heap_in_use() }
     }
 }

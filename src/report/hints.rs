@@ -66,6 +66,15 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
             ));
         }
     }
+    if let Some(rate) = report.host_heap_growth_per_iteration {
+        hints.push(format!(
+            "tensor bytes stayed flat, but the host heap grew {} per iteration: something on the host piles up. \
+             Usual causes: a tensor kept with its autograd graph (`total = total + loss` keeps every step's graph \
+             nodes, which live on the host; keep `loss.double_value(&[])` or `detach()` it), or a Rust collection \
+             that grows every iteration. This is a view of the whole process, not a verdict.",
+            super::bytes(rate.round().max(0.0) as u64)
+        ));
+    }
     if let (Some(before), Some(after)) = (&report.before, &report.after) {
         if let (Some(b), Some(a)) = (before.reserved_bytes, after.reserved_bytes) {
             let reserved_growth = a as i64 - b as i64;

@@ -72,6 +72,9 @@ pub struct Sample {
     pub reserved_bytes: Option<u64>,
     /// The driver's used bytes on the body's device (all processes).
     pub driver_used_bytes: Option<u64>,
+    /// The host heap in use, whole process (glibc's `mallinfo2`).
+    #[serde(default)]
+    pub host_heap_bytes: Option<u64>,
 }
 
 impl Sample {
@@ -83,6 +86,7 @@ impl Sample {
             allocated_bytes: snapshot.allocator.map(|a| a.allocated_bytes.current),
             reserved_bytes: snapshot.allocator.map(|a| a.reserved_bytes.current),
             driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
+            host_heap_bytes: snapshot.host_heap,
         }
     }
 }
@@ -108,6 +112,9 @@ pub struct MemoryViews {
     pub driver_used_bytes: Option<u64>,
     /// The device's total memory, as the driver reports it.
     pub driver_total_bytes: Option<u64>,
+    /// The host heap in use, whole process (glibc's `mallinfo2`).
+    #[serde(default)]
+    pub host_heap_bytes: Option<u64>,
 }
 
 impl MemoryViews {
@@ -120,6 +127,7 @@ impl MemoryViews {
             active_bytes: snapshot.allocator.map(|a| a.active_bytes.current),
             driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
             driver_total_bytes: snapshot.driver.map(|d| d.total_bytes),
+            host_heap_bytes: snapshot.host_heap,
         }
     }
 }
@@ -202,6 +210,10 @@ pub struct Report {
     pub hints: Vec<String>,
     /// What the scope could and could not see.
     pub notes: Vec<String>,
+    /// Bytes per iteration the host heap grew by while every tensor count
+    /// passed: a graph or a Rust collection kept across iterations.
+    #[serde(default)]
+    pub host_heap_growth_per_iteration: Option<f64>,
     /// The test's wall time.
     pub elapsed: Duration,
 }
