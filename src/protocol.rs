@@ -209,6 +209,17 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// One value before the first measured iteration (at the last warm-up or
+    /// setup sample, the series' baseline) and after each measured and
+    /// confirmation iteration, `value` reading it by sample index; `None`
+    /// where any is missing. Every measured-window comparison (the devices'
+    /// exact levels, the device-global view, the host heap) reads this way.
+    fn measured_window(&self, value: impl Fn(usize) -> Option<i64>) -> Option<Vec<i64>> {
+        let baseline = self.samples.iter().rposition(|s| matches!(s.phase, Phase::WarmUp | Phase::Setup))?;
+        let measured = (0..self.samples.len()).filter(|&i| matches!(self.samples[i].phase, Phase::Measure | Phase::Confirm));
+        std::iter::once(baseline).chain(measured).map(value).collect()
+    }
+
     /// The devices judged: the body's, and every device that saw an
     /// allocation or a free during the test.
     fn judged(&self) -> Vec<usize> {
@@ -391,47 +402,14 @@ impl<'a> Run<'a> {
             .filter(|&d| self.verdicts[d].is_failure())
             .max_by(|&a, &b| rank(&self.verdicts[a]).partial_cmp(&rank(&self.verdicts[b])).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)))
             .unwrap_or(body);
-        let window_levels = |levels: &[Vec<i64>], d: usize| -> Vec<i64> {
-            // Before the first measured iteration, then after each measured one.
-            let baseline = self.series(d).baseline();
-            std::iter::once(baseline)
-                .chain(
-                    self.samples
-                        .iter()
-                        .zip(levels)
-                        .filter(|(s, _)| matches!(s.phase, Phase::Measure | Phase::Confirm))
-                        .map(|(_, l)| l[d]),
-                )
-                .collect()
-        };
         let devices: Vec<DeviceResult> = judged
             .iter()
             .map(|&d| {
-                let unexplained = (!self.global_levels.is_empty())
-                    .then(|| {
-                        let counted = window_levels(&self.levels, d);
-                        let global_baseline = self
-                            .samples
-                            .iter()
-                            .zip(&self.global_levels)
-                            .rev()
-                            .find(|(s, _)| s.phase == Phase::WarmUp || s.phase == Phase::Setup)
-                            .map(|(_, l)| l[d]);
-                        let global: Vec<i64> = global_baseline
-                            .into_iter()
-                            .chain(
-                                self.samples
-                                    .iter()
-                                    .zip(&self.global_levels)
-                                    .filter(|(s, _)| matches!(s.phase, Phase::Measure | Phase::Confirm))
-                                    .map(|(_, l)| l[d]),
-                            )
-                            .collect();
-                        (global.len() == counted.len())
-                            .then(|| verdict::unexplained_growth(&counted, &global, settings.iterations))
-                            .flatten()
-                    })
-                    .flatten();
+                let counted = self.measured_window(|i| Some(self.levels[i][d]));
+                let global = self.measured_window(|i| self.global_levels.get(i).map(|l| l[d]));
+                let unexplained = counted
+                    .zip(global)
+                    .and_then(|(counted, global)| verdict::unexplained_growth(&counted, &global, settings.iterations));
                 DeviceResult {
                     device: self.devices[d],
                     verdict: self.verdicts.get(d).cloned().unwrap_or(Verdict::Clean),
@@ -444,13 +422,8 @@ impl<'a> Run<'a> {
         // The host heap, where every tensor count passed: a graph kept by a
         // `total += loss`, or a Rust collection, grows it while tensors stay flat.
         let host_heap_growth = if self.verdicts.iter().all(|v| !v.is_failure()) {
-            let measured = |s: &Sample| matches!(s.phase, Phase::Measure | Phase::Confirm);
-            let baseline = self.samples.iter().rev().find(|s| matches!(s.phase, Phase::WarmUp | Phase::Setup)).and_then(|s| s.host_heap_bytes);
-            let levels: Option<Vec<i64>> = std::iter::once(baseline)
-                .chain(self.samples.iter().filter(|s| measured(s)).map(|s| s.host_heap_bytes))
-                .map(|b| b.map(|b| b as i64))
-                .collect();
-            levels.and_then(|levels| verdict::host_heap_growth(&levels, settings.iterations))
+            self.measured_window(|i| self.samples[i].host_heap_bytes.map(|b| b as i64))
+                .and_then(|levels| verdict::host_heap_growth(&levels, settings.iterations))
         } else {
             None
         };

@@ -1,5 +1,7 @@
 //! Environment variables at run time. One test in its own binary, since the
 //! environment is shared by every thread of a process.
+mod common;
+
 use gpu_leak_test::{LeakTest, Options};
 use std::panic::catch_unwind;
 use tch::{Device, Kind, Tensor};
@@ -52,7 +54,7 @@ fn environment_overrides_and_malformed_values() {
     std::env::remove_var("GPU_LEAK_TEST_THRESHOLD_MB");
 
     // Reports go where GPU_LEAK_TEST_REPORT_DIR says.
-    let dir = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())).join("target/test-scratch/env_reports");
+    let dir = common::manifest_dir().join("target/test-scratch/env_reports");
     let _ = std::fs::remove_dir_all(&dir);
     std::env::set_var("GPU_LEAK_TEST_REPORT_DIR", &dir);
     let text = panic_text(catch_unwind(std::panic::AssertUnwindSafe(|| {

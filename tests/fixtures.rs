@@ -295,7 +295,7 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
 
 /// Loads a scenario; errors name the file, line, column and field.
 fn load(path: &Path) -> Result<Scenario, String> {
-    let root = manifest_dir();
+    let root = common::manifest_dir();
     let display = path.strip_prefix(&root).unwrap_or(path).display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: cannot read: {e}"))?;
     let scenario: Scenario = serde_yaml::from_str(&text).map_err(|e| match e.location() {
@@ -417,16 +417,9 @@ fn isolation_trial(root: PathBuf) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let root = manifest_dir().join("fixtures");
+    let root = common::manifest_dir().join("fixtures");
     let mut trials = scenario_trials(&root.join("scenarios"));
     trials.extend(invalid_trials(&root.join("invalid")));
     trials.push(isolation_trial(root));
     libtest_mimic::run(&args, trials).exit();
-}
-
-/// The crate's folder at run time: cargo and nextest set CARGO_MANIFEST_DIR
-/// (nextest remaps it when an archive runs from another checkout, where the
-/// build-time path does not exist).
-fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
 }
