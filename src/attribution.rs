@@ -176,7 +176,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
             device: survivor.device,
-            thread: survivor.thread.clone(),
+            thread: survivor.thread.as_deref().map(str::to_string),
             suppressed_by: None,
             addresses: Vec::new(),
             stack: trim_stack(&frames)

@@ -6,7 +6,8 @@
 //! allocations count too; threads it was never entered on are invisible, which
 //! is what keeps tests in parallel threads apart.
 //!
-//! Counting costs a map update and a few atomic operations per event. Site recording
+//! Counting costs one uncontended lock and a map update per event (see
+//! `benches/RESULTS.md`, "Cost per allocator event"). Site recording
 //! ([`Tracker::start_recording`]) additionally keeps every live allocation
 //! with an unresolved stack, for attribution after a test has failed.
 use super::stacks::Stack;
@@ -14,8 +15,9 @@ use crate::error::{Error, Result};
 use super::ffi;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tch::Device;
 
@@ -55,13 +57,38 @@ fn device_of_raw(device_type: i32, device_index: i32) -> Device {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Slot {
-    live: AtomicI64,
-    peak: AtomicI64,
-    allocations: AtomicU64,
-    frees: AtomicU64,
+    live: i64,
+    peak: i64,
+    allocations: u64,
+    frees: u64,
 }
+
+/// Hashes a block address: allocators hand out addresses aligned to 64 or
+/// 512 bytes, so the multiply spreads the high bits and the shift brings
+/// them down to the low bits the map indexes by. SipHash (std's default)
+/// costs several times as much per event and defends against nothing here.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ byte as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+
+    fn write_usize(&mut self, address: usize) {
+        self.0 = (address as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type BlockMap = HashMap<usize, Block, BuildHasherDefault<AddressHasher>>;
 
 /// One allocation that was alive when it was looked at, recorded while site
 /// recording was on.
@@ -80,7 +107,7 @@ pub struct LiveAllocation {
     /// The allocating thread's name where it is not the owner: the Rust name
     /// where it has one, else the operating system's (`pt_autograd_0`), else
     /// `None`.
-    pub thread: Option<String>,
+    pub thread: Option<Arc<str>>,
     pub stack: Stack,
 }
 
@@ -114,15 +141,24 @@ fn thread_token() -> usize {
 
 /// The current thread's name: Rust's (full length), else the one the
 /// operating system keeps (C++ threads such as autograd's name themselves).
-fn current_thread_name() -> Option<String> {
-    if let Some(name) = std::thread::current().name() {
-        return Some(name.to_string());
+/// Read once per thread: asking the kernel is a system call, and during
+/// attribution every allocation on autograd's threads asks.
+fn current_thread_name() -> Option<Arc<str>> {
+    thread_local! {
+        static NAME: std::cell::OnceCell<Option<Arc<str>>> = const { std::cell::OnceCell::new() };
     }
-    let mut buffer = [0u8; 64];
-    // SAFETY: the buffer is writable for its whole length, which is passed.
-    let status = unsafe { libc::pthread_getname_np(libc::pthread_self(), buffer.as_mut_ptr().cast(), buffer.len()) };
-    let name = std::ffi::CStr::from_bytes_until_nul(&buffer).ok()?.to_string_lossy().into_owned();
-    (status == 0 && !name.is_empty()).then_some(name)
+    let read = || {
+        if let Some(name) = std::thread::current().name() {
+            return Some(Arc::from(name));
+        }
+        let mut buffer = [0u8; 64];
+        // SAFETY: the buffer is writable for its whole length, which is passed.
+        let status = unsafe { libc::pthread_getname_np(libc::pthread_self(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        let name = std::ffi::CStr::from_bytes_until_nul(&buffer).ok()?.to_string_lossy().into_owned();
+        (status == 0 && !name.is_empty()).then(|| Arc::from(name))
+    };
+    // A thread being torn down has no thread-locals left: ask directly.
+    NAME.try_with(|name| name.get_or_init(read).clone()).unwrap_or_else(|_| read())
 }
 
 /// A block the tracker saw allocated and has not seen freed.
@@ -133,24 +169,30 @@ struct Block {
     recorded: Option<Box<LiveAllocation>>,
 }
 
-pub(super) struct TrackerState {
+/// Everything one event updates, behind one lock: the event takes it
+/// once, and the counters need no atomic operations of their own.
+#[derive(Default)]
+struct Counts {
     slots: [Slot; SLOTS],
     /// Every live block by address. Frees count only for blocks in here:
     /// libtorch also reports frees of blocks allocated before the hook or on
     /// threads without it (on the CPU, sometimes with a stale size), and
     /// those are not the test's.
-    blocks: Mutex<HashMap<usize, Block>>,
+    blocks: BlockMap,
     /// Frees of blocks this tracker never saw allocated.
-    foreign_frees: AtomicU64,
+    foreign_frees: u64,
     /// Allocations made by threads other than the owner (autograd's device
     /// threads, helpers the test entered the tracker on).
-    allocations_on_other_threads: AtomicU64,
+    allocations_on_other_threads: u64,
+}
+
+pub(super) struct TrackerState {
+    counts: Mutex<Counts>,
     owner_token: usize,
     recording: AtomicBool,
     tag: AtomicU32,
     max_frames: usize,
-    last_oom: Mutex<Option<OutOfMemory>>,
-    oom_count: AtomicU64,
+    last_oom: Mutex<(u64, Option<OutOfMemory>)>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -183,30 +225,33 @@ impl TrackerState {
                 stack: Stack::capture(self.max_frames),
             })
         });
-        let replaced = lock(&self.blocks).insert(address, Block { bytes, slot, recorded });
+        let mut counts = lock(&self.counts);
+        let replaced = counts.blocks.insert(address, Block { bytes, slot, recorded });
         if let Some(old) = replaced {
             // The address is in use again, so its old block was freed where
             // the hook could not see it (a thread without the hook).
-            self.slots[old.slot].live.fetch_sub(old.bytes as i64, Relaxed);
-            self.slots[old.slot].frees.fetch_add(1, Relaxed);
+            let old_slot = &mut counts.slots[old.slot];
+            old_slot.live -= old.bytes as i64;
+            old_slot.frees += 1;
         }
-        let counters = &self.slots[slot];
-        let live = counters.live.fetch_add(bytes as i64, Relaxed) + bytes as i64;
-        counters.allocations.fetch_add(1, Relaxed);
-        counters.peak.fetch_max(live, Relaxed);
+        let counters = &mut counts.slots[slot];
+        counters.live += bytes as i64;
+        counters.allocations += 1;
+        counters.peak = counters.peak.max(counters.live);
         if other_thread {
-            self.allocations_on_other_threads.fetch_add(1, Relaxed);
+            counts.allocations_on_other_threads += 1;
         }
     }
 
     fn on_free(&self, address: usize) {
-        let Some(block) = lock(&self.blocks).remove(&address) else {
-            self.foreign_frees.fetch_add(1, Relaxed);
+        let mut counts = lock(&self.counts);
+        let Some(block) = counts.blocks.remove(&address) else {
+            counts.foreign_frees += 1;
             return;
         };
-        let counters = &self.slots[block.slot];
-        counters.live.fetch_sub(block.bytes as i64, Relaxed);
-        counters.frees.fetch_add(1, Relaxed);
+        let counters = &mut counts.slots[block.slot];
+        counters.live -= block.bytes as i64;
+        counters.frees += 1;
     }
 }
 
@@ -224,9 +269,9 @@ extern "C" fn on_oom(context: *mut c_void, size: i64, device_type: i32, device_i
     // SAFETY: as in on_event.
     let state = unsafe { &*(context as *const TrackerState) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        state.oom_count.fetch_add(1, Relaxed);
-        *lock(&state.last_oom) =
-            Some(OutOfMemory { bytes: size.max(0) as u64, device: device_of_raw(device_type, device_index) });
+        let mut last = lock(&state.last_oom);
+        last.0 += 1;
+        last.1 = Some(OutOfMemory { bytes: size.max(0) as u64, device: device_of_raw(device_type, device_index) });
     }));
 }
 
@@ -255,16 +300,12 @@ impl Tracker {
     pub fn new() -> Self {
         Tracker {
             state: Arc::new(TrackerState {
-                slots: Default::default(),
+                counts: Mutex::new(Counts::default()),
                 recording: AtomicBool::new(false),
                 tag: AtomicU32::new(0),
                 max_frames: super::stacks::DEFAULT_MAX_FRAMES,
-                allocations_on_other_threads: AtomicU64::new(0),
-                foreign_frees: AtomicU64::new(0),
                 owner_token: thread_token(),
-                blocks: Mutex::new(HashMap::new()),
-                last_oom: Mutex::new(None),
-                oom_count: AtomicU64::new(0),
+                last_oom: Mutex::new((0, None)),
             }),
         }
     }
@@ -283,17 +324,12 @@ impl Tracker {
     }
 
     pub fn view(&self, device: Device) -> HookView {
-        let slot = &self.state.slots[slot_of(device)];
-        HookView {
-            live_bytes: slot.live.load(Relaxed),
-            peak_bytes: slot.peak.load(Relaxed),
-            allocations: slot.allocations.load(Relaxed),
-            frees: slot.frees.load(Relaxed),
-        }
+        let slot = lock(&self.state.counts).slots[slot_of(device)];
+        HookView { live_bytes: slot.live, peak_bytes: slot.peak, allocations: slot.allocations, frees: slot.frees }
     }
 
     pub fn live_bytes(&self, device: Device) -> i64 {
-        self.state.slots[slot_of(device)].live.load(Relaxed)
+        lock(&self.state.counts).slots[slot_of(device)].live
     }
 
     /// Devices other than `device` that saw events, with their views: a test
@@ -314,10 +350,22 @@ impl Tracker {
             .collect()
     }
 
+    /// Feeds one event as libtorch reports it (`size` > 0 an allocation,
+    /// < 0 a free): for measuring the callback's own cost.
+    #[doc(hidden)]
+    pub fn feed(&self, address: usize, size: i64, device: Device) {
+        let (device_type, device_index) = match device {
+            Device::Cpu => (DEVICE_TYPE_CPU, -1),
+            Device::Cuda(index) => (DEVICE_TYPE_CUDA, index as i32),
+            _ => (-1, -1),
+        };
+        self.state.on_event(address, size, device_type, device_index);
+    }
+
     /// Starts a new peak window: the peak becomes the current live bytes.
     pub fn reset_peak(&self, device: Device) {
-        let slot = &self.state.slots[slot_of(device)];
-        slot.peak.store(slot.live.load(Relaxed), Relaxed);
+        let slot = &mut lock(&self.state.counts).slots[slot_of(device)];
+        slot.peak = slot.live;
     }
 
     /// Starts keeping every new allocation with its stack, tagged `tag`.
@@ -339,7 +387,7 @@ impl Tracker {
     /// Recorded allocations that are still alive, largest first.
     pub fn recorded_survivors(&self) -> Vec<LiveAllocation> {
         let mut survivors: Vec<LiveAllocation> =
-            lock(&self.state.blocks).values().filter_map(|b| b.recorded.as_deref().cloned()).collect();
+            lock(&self.state.counts).blocks.values().filter_map(|b| b.recorded.as_deref().cloned()).collect();
         survivors.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.tag.cmp(&b.tag)).then(a.address.cmp(&b.address)));
         survivors
     }
@@ -350,7 +398,7 @@ impl Tracker {
     /// Keyed by the device's name (`Cpu`, `Cuda(0)`) and the stack.
     pub fn recorded_bytes_by_stack(&self) -> HashMap<(String, Vec<usize>), u64> {
         let mut by_stack: HashMap<(String, Vec<usize>), u64> = HashMap::new();
-        for recorded in lock(&self.state.blocks).values().filter_map(|b| b.recorded.as_deref()) {
+        for recorded in lock(&self.state.counts).blocks.values().filter_map(|b| b.recorded.as_deref()) {
             *by_stack.entry((format!("{:?}", recorded.device), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
         }
         by_stack
@@ -358,30 +406,30 @@ impl Tracker {
 
     /// Forgets every block (counts stay): for a tracker no longer fed.
     pub(super) fn forget_blocks(&self) {
-        let blocks = std::mem::take(&mut *lock(&self.state.blocks));
+        let blocks = std::mem::take(&mut lock(&self.state.counts).blocks);
         drop(blocks);
     }
 
     /// Forgets the stacks recorded so far (the blocks stay counted).
     pub fn clear_recorded(&self) {
-        lock(&self.state.blocks).values_mut().for_each(|b| b.recorded = None);
+        lock(&self.state.counts).blocks.values_mut().for_each(|b| b.recorded = None);
     }
 
     /// Frees libtorch reported for blocks this tracker never saw allocated
     /// (made before it, or on threads without the hook); they are not counted.
     pub fn foreign_frees(&self) -> u64 {
-        self.state.foreign_frees.load(Relaxed)
+        lock(&self.state.counts).foreign_frees
     }
 
     /// Allocations (all devices) made on threads other than the one that
     /// created the tracker, such as autograd's threads during `backward()`.
     pub fn allocations_on_other_threads(&self) -> u64 {
-        self.state.allocations_on_other_threads.load(Relaxed)
+        lock(&self.state.counts).allocations_on_other_threads
     }
 
     /// The last out-of-memory report, and how many there were.
     pub fn out_of_memory(&self) -> (u64, Option<OutOfMemory>) {
-        (self.state.oom_count.load(Relaxed), *lock(&self.state.last_oom))
+        *lock(&self.state.last_oom)
     }
 }
 

@@ -21,9 +21,18 @@ impl Stack {
     pub fn capture(max_frames: usize) -> Stack {
         #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
         {
-            let mut ips = Vec::with_capacity(max_frames.min(128));
-            if super::unwind::capture(&mut ips, max_frames) {
-                return Stack { ips: ips.into_boxed_slice() };
+            // Walk into a buffer kept per thread, then copy out exactly the
+            // frames found: one allocation per stack, not a grow and a shrink.
+            thread_local! {
+                static SCRATCH: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            let walked = SCRATCH.try_with(|scratch| {
+                let mut ips = scratch.try_borrow_mut().ok()?;
+                ips.clear();
+                super::unwind::capture(&mut ips, max_frames).then(|| Stack { ips: Box::from(&ips[..]) })
+            });
+            if let Ok(Some(stack)) = walked {
+                return stack;
             }
         }
         Self::capture_with_libgcc(max_frames)
