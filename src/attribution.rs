@@ -137,6 +137,7 @@ fn callers_in_user_code(frames: &[Frame], root: &Path) -> Vec<String> {
 /// `root` is the manifest folder of the crate under test, for short paths.
 pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> Attribution {
     let mut symbolizer = Symbolizer::new();
+    symbolizer.prepare(survivors.iter().map(|s| &s.stack));
     let mut sites: BTreeMap<String, Site> = BTreeMap::new();
     for survivor in survivors {
         let frames = symbolizer.resolve(&survivor.stack);

@@ -7,6 +7,8 @@ pub mod hook;
 pub mod host;
 pub mod process;
 pub mod stacks;
+#[cfg(target_os = "linux")]
+mod symbols;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 

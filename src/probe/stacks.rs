@@ -134,6 +134,26 @@ impl Symbolizer {
         Self::default()
     }
 
+    /// Resolves at once every address of `stacks` that lies in a library
+    /// without line tables (libtorch's, libc's), one pass over each such
+    /// library's symbol table; [`Symbolizer::resolve`] then finds them
+    /// cached. Call it with every stack a report will resolve.
+    pub fn prepare<'s>(&mut self, stacks: impl IntoIterator<Item = &'s Stack>) {
+        #[cfg(target_os = "linux")]
+        {
+            let mut wanted: Vec<usize> =
+                stacks.into_iter().flat_map(|s| s.ips().iter().copied()).filter(|ip| !self.cache.contains_key(ip)).collect();
+            wanted.sort_unstable();
+            wanted.dedup();
+            for (ip, name) in super::symbols::names_in_libraries_without_line_tables(&wanted) {
+                let function = name.unwrap_or_else(|| format!("<unknown at {ip:#x}>"));
+                self.cache.insert(ip, Arc::from([Frame { function, file: None, line: None }]));
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        drop(stacks.into_iter());
+    }
+
     pub fn resolve(&mut self, stack: &Stack) -> Vec<Frame> {
         stack.ips().iter().flat_map(|&ip| self.resolve_address(ip).iter().cloned().collect::<Vec<_>>()).collect()
     }

@@ -1,0 +1,280 @@
+//! Function names for addresses in loaded libraries that carry no line
+//! tables (libtorch's, libc's, libstdc++'s), read from their ELF symbol
+//! tables: one pass per library for every address a report needs, reading
+//! only the names it matched.
+//!
+//! `backtrace` parses and sorts a library's whole symbol table before its
+//! first lookup: `libtorch_cpu.so` has 554,000 symbols and 80 MB of names,
+//! which cost 0.6 s on the CPU CI machine (`libtorch_cuda.so` as much again
+//! on a GPU runner), paid by every failing test that runs in a process of
+//! its own. Libraries with line tables (the test binary: your code, this
+//! crate, the shim) still go through `backtrace`, for `file:line`.
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// One loaded ELF object: where it lies in memory, and its file.
+struct Module {
+    path: PathBuf,
+    /// The load bias: a symbol's address in memory is `base + st_value`.
+    base: u64,
+    mapped: Range<u64>,
+}
+
+/// The loaded objects, from the dynamic loader's list. The main program
+/// has no name there; `/proc/self/exe` is its file.
+fn loaded_modules() -> Vec<Module> {
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        let modules = &mut *(data as *mut Vec<Module>);
+        let info = &*info;
+        let name = if info.dlpi_name.is_null() { c"" } else { std::ffi::CStr::from_ptr(info.dlpi_name) };
+        let path = match name.to_bytes() {
+            b"" => PathBuf::from("/proc/self/exe"),
+            bytes => PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(bytes)),
+        };
+        let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+        let mut mapped = u64::MAX..0;
+        for header in headers.iter().filter(|h| h.p_type == libc::PT_LOAD) {
+            let start = info.dlpi_addr + header.p_vaddr;
+            mapped = mapped.start.min(start)..mapped.end.max(start + header.p_memsz);
+        }
+        if mapped.start < mapped.end {
+            modules.push(Module { path, base: info.dlpi_addr, mapped });
+        }
+        0
+    }
+    let mut modules = Vec::new();
+    // SAFETY: the callback only reads what the loader hands it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut modules as *mut Vec<Module> as *mut libc::c_void) };
+    modules
+}
+
+/// One section header, the fields used here.
+struct Section {
+    name: u32,
+    kind: u32,
+    offset: u64,
+    size: u64,
+    link: u32,
+}
+
+const SHT_SYMTAB: u32 = 2;
+const SHT_DYNSYM: u32 = 11;
+const STT_FUNC: u8 = 2;
+const STT_GNU_IFUNC: u8 = 10;
+const SYMBOL_SIZE: usize = 24;
+
+fn u16_at(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+}
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+}
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// A 64-bit little-endian ELF file's sections.
+struct Elf {
+    file: File,
+    sections: Vec<Section>,
+    section_names: Vec<u8>,
+}
+
+impl Elf {
+    fn open(path: &std::path::Path) -> Option<Elf> {
+        let file = File::open(path).ok()?;
+        let mut header = [0u8; 64];
+        file.read_exact_at(&mut header, 0).ok()?;
+        // \x7fELF, 64-bit, little-endian.
+        if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+            return None;
+        }
+        let (offset, entry_size) = (u64_at(&header, 0x28), u16_at(&header, 0x3a) as usize);
+        let (count, names_index) = (u16_at(&header, 0x3c) as usize, u16_at(&header, 0x3e) as usize);
+        if entry_size < 64 || count == 0 || names_index >= count {
+            return None;
+        }
+        let mut table = vec![0u8; entry_size * count];
+        file.read_exact_at(&mut table, offset).ok()?;
+        let sections: Vec<Section> = table
+            .chunks_exact(entry_size)
+            .map(|h| Section { name: u32_at(h, 0), kind: u32_at(h, 4), offset: u64_at(h, 24), size: u64_at(h, 32), link: u32_at(h, 40) })
+            .collect();
+        let names = &sections[names_index];
+        let mut section_names = vec![0u8; names.size as usize];
+        file.read_exact_at(&mut section_names, names.offset).ok()?;
+        Some(Elf { file, sections, section_names })
+    }
+
+    fn section_name(&self, section: &Section) -> &[u8] {
+        let start = (section.name as usize).min(self.section_names.len());
+        let end = self.section_names[start..].iter().position(|&b| b == 0).map_or(self.section_names.len(), |n| start + n);
+        &self.section_names[start..end]
+    }
+
+    /// Line tables mean `backtrace` can give `file:line` here.
+    fn has_line_tables(&self) -> bool {
+        self.sections.iter().any(|s| matches!(self.section_name(s), b".debug_line" | b".zdebug_line"))
+    }
+
+    /// The NUL-terminated string at `offset` of string table `table`.
+    fn string(&self, table: &Section, offset: u32) -> Option<Vec<u8>> {
+        let mut name = Vec::new();
+        let mut at = table.offset + offset as u64;
+        let end = table.offset + table.size;
+        let mut chunk = [0u8; 256];
+        while at < end {
+            let length = chunk.len().min((end - at) as usize);
+            self.file.read_exact_at(&mut chunk[..length], at).ok()?;
+            match chunk[..length].iter().position(|&b| b == 0) {
+                Some(nul) => {
+                    name.extend_from_slice(&chunk[..nul]);
+                    return Some(name);
+                }
+                None => name.extend_from_slice(&chunk[..length]),
+            }
+            at += length as u64;
+        }
+        None
+    }
+
+    /// For each of `wanted` (link-time addresses, sorted), the name offset of
+    /// the function symbol whose range holds it: one pass over the symbol
+    /// table (the full one where the file has it, else the dynamic one).
+    fn function_names(&self, wanted: &[u64]) -> HashMap<u64, String> {
+        let table = self
+            .sections
+            .iter()
+            .find(|s| s.kind == SHT_SYMTAB)
+            .or_else(|| self.sections.iter().find(|s| s.kind == SHT_DYNSYM));
+        let Some(table) = table else { return HashMap::new() };
+        let Some(strings) = self.sections.get(table.link as usize) else { return HashMap::new() };
+        let mut found: HashMap<u64, (u64, u32)> = HashMap::new();
+        // Read the table in pieces: it can be tens of megabytes.
+        const CHUNK_SYMBOLS: usize = 1 << 16;
+        let mut chunk = vec![0u8; CHUNK_SYMBOLS * SYMBOL_SIZE];
+        let mut at = table.offset;
+        let end = table.offset + table.size;
+        while at + SYMBOL_SIZE as u64 <= end {
+            let length = (chunk.len() as u64).min(end - at) as usize / SYMBOL_SIZE * SYMBOL_SIZE;
+            if self.file.read_exact_at(&mut chunk[..length], at).is_err() {
+                break;
+            }
+            for symbol in chunk[..length].chunks_exact(SYMBOL_SIZE) {
+                let kind = symbol[4] & 0xf;
+                let (value, size) = (u64_at(symbol, 8), u64_at(symbol, 16));
+                if !(kind == STT_FUNC || kind == STT_GNU_IFUNC) || size == 0 {
+                    continue;
+                }
+                let first = wanted.partition_point(|&address| address < value);
+                for &address in wanted[first..].iter().take_while(|&&address| address < value + size) {
+                    // Where symbols overlap (aliases, a function inside a
+                    // bigger one), the tightest wins.
+                    let entry = found.entry(address).or_insert((u64::MAX, 0));
+                    if size < entry.0 {
+                        *entry = (size, u32_at(symbol, 0));
+                    }
+                }
+            }
+            at += length as u64;
+        }
+        found
+            .into_iter()
+            .filter_map(|(address, (_, name))| Some((address, demangle(&self.string(strings, name)?))))
+            .collect()
+    }
+}
+
+/// A name as [`super::stacks::Symbolizer`] shows names `backtrace` resolves:
+/// Rust's demangled without its hash, else C++'s (the same demanglers, their
+/// default options), else the raw name.
+fn demangle(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    if let Ok(rust) = rustc_demangle::try_demangle(&text) {
+        return format!("{rust:#}");
+    }
+    cpp_demangle::Symbol::new(raw).ok().and_then(|symbol| symbol.demangle().ok()).unwrap_or_else(|| text.into_owned())
+}
+
+/// Names for those of `addresses` that lie in a loaded library without line
+/// tables: the demangled name of the function whose symbol holds each
+/// (`None` where no symbol does). Addresses in libraries with line tables,
+/// or in no library, are left out: `backtrace` resolves those.
+pub(crate) fn names_in_libraries_without_line_tables(addresses: &[usize]) -> HashMap<usize, Option<String>> {
+    let modules = loaded_modules();
+    let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
+    for &address in addresses {
+        if let Some(index) = modules.iter().position(|m| m.mapped.contains(&(address as u64))) {
+            by_module.entry(index).or_default().push(address as u64 - modules[index].base);
+        }
+    }
+    let mut names = HashMap::new();
+    for (index, mut wanted) in by_module {
+        let module = &modules[index];
+        let Some(elf) = Elf::open(&module.path) else { continue };
+        if elf.has_line_tables() {
+            continue;
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        let found = elf.function_names(&wanted);
+        for address in wanted {
+            names.insert((address + module.base) as usize, found.get(&address).cloned());
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_libc_function_is_named_from_its_symbol_table() {
+        // An address inside `qsort`'s code (glibc has no line tables here;
+        // where it does, there is nothing to check).
+        let address = libc::qsort as *const () as usize + 1;
+        let names = names_in_libraries_without_line_tables(&[address]);
+        if let Some(name) = names.get(&address) {
+            let name = name.as_deref().expect("qsort has a symbol");
+            assert!(name.contains("qsort"), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_libtorch_function_is_named_as_backtrace_names_it() {
+        let address = c10_get_allocator_address();
+        let ours = names_in_libraries_without_line_tables(&[address]);
+        let mut theirs = None;
+        backtrace::resolve(address as *mut std::ffi::c_void, |symbol| theirs = symbol.name().map(|n| format!("{n:#}")));
+        assert_eq!(ours.get(&address).cloned().flatten(), theirs);
+        assert_eq!(theirs.as_deref(), Some("c10::GetAllocator(c10::DeviceType const&)"));
+    }
+
+    /// An address inside libc10's `c10::GetAllocator`, which the shim links.
+    fn c10_get_allocator_address() -> usize {
+        // SAFETY: dlsym with a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_ZN3c1012GetAllocatorERKNS_10DeviceTypeE".as_ptr()) };
+        assert!(!symbol.is_null(), "libc10 is loaded");
+        symbol as usize + 4
+    }
+
+    #[test]
+    fn addresses_in_the_test_binary_are_left_to_backtrace() {
+        #[inline(never)]
+        fn here() -> usize {
+            here as *const () as usize + 1
+        }
+        assert!(!names_in_libraries_without_line_tables(&[here()]).contains_key(&here()));
+    }
+
+    #[test]
+    fn names_are_demangled_as_backtrace_shows_them() {
+        assert_eq!(demangle(b"_ZN3c1012GetAllocatorERKNS_10DeviceTypeE"), "c10::GetAllocator(c10::DeviceType const&)");
+        assert_eq!(demangle(b"_ZN3std2rt10lang_start17h0123456789abcdefE"), "std::rt::lang_start");
+        assert_eq!(demangle(b"not_mangled"), "not_mangled");
+    }
+}
