@@ -392,28 +392,37 @@ char* glt_process_install_cpu(int* installed) {
   });
 }
 
-// Turns the CUDA caching allocator's history recording on or off, attaching
-// the trace tracker the first time. *available is 0 where this build has no
-// CUDA headers or libtorch_cuda is not loaded; an allocator that cannot
-// record history (cudaMallocAsync) throws, and the message comes back.
-char* glt_process_cuda_trace(int enable, int* available) {
+// Attaches the trace tracker to the CUDA caching allocator, once per
+// process: from then on the allocator calls it for every allocation and free
+// of every thread (a no-op while no sink is set). libtorch 2.11 calls trace
+// trackers whether or not it records history (record_trace returns early
+// only when it does neither), so history recording, which copies every event
+// into a ring buffer under a lock, stays as the user left it: a user's own
+// torch.cuda.memory._record_memory_history is neither switched on nor off.
+//
+// The tracker reaches only the per-device allocators that exist, so they are
+// created first (the allocator's init(device_count), which lazy CUDA
+// initialisation calls later and which then does nothing); this creates no
+// CUDA context. *available is 0 where this build has no CUDA headers or
+// libtorch_cuda is not loaded; an allocator without trace support
+// (cudaMallocAsync) throws, and the message comes back.
+char* glt_process_attach_cuda_trace(int* available) {
   return guarded([&] {
     *available = 0;
 #ifdef GLT_CUDA_TRACE
     if (torch_cuda_handle == nullptr) {
       return;
     }
-    // The device-generic allocator registered for CUDA is the CUDA caching
-    // allocator; static_cast needs no CUDA library symbol at link time.
-    auto* allocator =
-        static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(cuda_allocator());
-    static bool attached = false;
-    if (!attached) {
+    static std::atomic<bool> attached{false};
+    if (!attached.load(std::memory_order_acquire)) {
+      // The device-generic allocator registered for CUDA is the CUDA caching
+      // allocator; static_cast needs no CUDA library symbol at link time.
+      auto* allocator =
+          static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(cuda_allocator());
+      allocator->init(static_cast<int>(cuda_guard()->deviceCount()));
       allocator->attachAllocatorTraceTracker(&on_cuda_trace);
-      attached = true;
+      attached.store(true, std::memory_order_release);
     }
-    using c10::CachingDeviceAllocator::RecordContext;
-    allocator->recordHistory(enable != 0, nullptr, 1, RecordContext::NEVER, false, {});
     *available = 1;
 #endif
   });

@@ -47,7 +47,7 @@ extern "C" {
     pub(crate) fn glt_hook_pop() -> *mut c_char;
     pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
     pub(crate) fn glt_process_install_cpu(installed: *mut c_int) -> *mut c_char;
-    pub(crate) fn glt_process_cuda_trace(enable: c_int, available: *mut c_int) -> *mut c_char;
+    pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
 }
 
 /// Takes ownership of a string the shim allocated (null is fine).

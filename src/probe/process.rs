@@ -3,10 +3,11 @@
 //!
 //! Two sources report to it: a counting wrapper around libtorch's CPU
 //! allocator (installed once, it keeps the wrapped allocator's deleters), and
-//! the CUDA caching allocator's trace tracker (history recording is on only
-//! while an observation is open). Thread-scope tests open a shared
-//! observation too and read it as the device-global view, to notice growth
-//! that their hooked threads do not explain.
+//! the CUDA caching allocator's trace tracker (attached once; the allocator's
+//! own history recording is left as the user set it). Both feed the sink only
+//! while an observation is open. Thread-scope tests open a shared observation
+//! too and read it as the device-global view, to notice growth that their
+//! hooked threads do not explain.
 use super::hook::{Tracker, TrackerState};
 use crate::error::{Error, Result};
 use super::ffi;
@@ -69,14 +70,16 @@ fn install_cpu() -> Result<bool> {
     Ok(installed == 1)
 }
 
-fn cuda_trace(enable: bool) -> std::result::Result<(), String> {
+/// Attaches the CUDA trace tracker (once per process; later calls only say
+/// whether it is attached).
+fn attach_cuda_trace() -> std::result::Result<(), String> {
     if !super::cuda::is_available() {
         return Err("no CUDA device".into());
     }
     let mut available: c_int = 0;
     // SAFETY: the out-pointer is valid for the call.
-    let error = unsafe { ffi::glt_process_cuda_trace(c_int::from(enable), &mut available) };
-    ffi::check("glt_process_cuda_trace", error).map_err(|e| e.to_string())?;
+    let error = unsafe { ffi::glt_process_attach_cuda_trace(&mut available) };
+    ffi::check("glt_process_attach_cuda_trace", error).map_err(|e| e.to_string())?;
     if available == 1 {
         Ok(())
     } else {
@@ -113,16 +116,11 @@ impl Observation {
         }
         if observer.users == 0 {
             let cpu = install_cpu()?;
-            // The CUDA allocator must exist before history can be switched on.
-            if super::cuda::is_available() {
-                // Best effort, and never a panic while the observer is locked.
-                let _ = std::panic::catch_unwind(|| super::cuda::prewarm(0));
-            }
+            let cuda = attach_cuda_trace();
             let tracker = Tracker::new();
             SINK_TARGET.store(Arc::as_ptr(&tracker.state) as *mut TrackerState, Ordering::Release);
             // SAFETY: the sink is a plain extern "C" function that never unwinds.
             unsafe { ffi::glt_process_set_sink(Some(on_process_event)) };
-            let cuda = cuda_trace(true);
             observer.coverage = Coverage { cpu, cuda };
             observer.tracker = Some(tracker);
         }
@@ -147,9 +145,6 @@ impl Drop for Observation {
             return;
         }
         SINK_TARGET.store(std::ptr::null_mut(), Ordering::Release);
-        if observer.coverage.cuda.is_ok() {
-            let _ = cuda_trace(false);
-        }
         if let Some(tracker) = observer.tracker.take() {
             tracker.forget_blocks();
             lock(&GRAVEYARD).push(tracker);
