@@ -65,11 +65,28 @@ pub enum CublasWorkspaces {
     NotAvailable,
 }
 
+/// Whether this machine has an NVIDIA driver at all: its device nodes, its
+/// `/proc` entry, or its library (WSL has only the library). Asked before
+/// loading libtorch's CUDA library: PyPI's torch wheel is the CUDA build, and
+/// loading it on a CPU-only machine costs each test process about 170 ms (a
+/// gigabyte of CUDA libraries) only to find no device.
+fn nvidia_driver_present() -> bool {
+    let nodes = ["/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia"];
+    nodes.iter().any(|path| std::path::Path::new(path).exists()) || {
+        // SAFETY: a NUL-terminated name; the handle is kept, since libtorch's
+        // CUDA runtime loads the same library anyway where it exists.
+        !unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) }.is_null()
+    }
+}
+
 /// Why CUDA is unusable, decided once per process.
 fn cuda_unavailable_reason() -> Option<&'static str> {
     static REASON: OnceLock<Option<String>> = OnceLock::new();
     REASON
         .get_or_init(|| {
+            if !nvidia_driver_present() {
+                return Some("no NVIDIA driver on this machine (no /dev/nvidiactl, no libcuda.so.1)".into());
+            }
             let mut loaded: c_int = 0;
             let mut why: *mut c_char = std::ptr::null_mut();
             // SAFETY: plain out-parameters.
