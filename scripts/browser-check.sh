@@ -28,4 +28,14 @@ browser --dump-dom "file://$page" >"$out/page.dom.html"
 browser --screenshot="$out/index.png" --window-size=1280,700 "file://$reports/index.html"
 browser --screenshot="$out/page.png" --window-size=1280,2600 "file://$page"
 python3 scripts/browser-check.py "$out/index.dom.html" "$out/page.dom.html" "$reports"
-echo "screenshots: $out/index.png $out/page.png"
+# Two runs into one folder, the second of fewer tests: the page's script
+# keeps each report's newest row and marks the first run's others stale.
+runs=$out/two-runs
+for run in first second; do
+    filter=$([ $run = first ] && echo "" || echo "setup_form")
+    GPU_LEAK_TEST_REPORT_DIR=$runs NEXTEST_RUN_ID=$run cargo test -q --test macro_forms -- $filter >/dev/null 2>&1
+done
+browser --dump-dom "file://$runs/index.html" >"$out/two-runs.dom.html"
+browser --screenshot="$out/two-runs.png" --window-size=1280,900 "file://$runs/index.html"
+python3 scripts/browser-check.py --runs "$out/two-runs.dom.html" "$runs"
+echo "screenshots: $out/index.png $out/page.png $out/two-runs.png"

@@ -7,6 +7,7 @@ use crate::report::Report;
 use crate::verdict::Verdict;
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Instant;
 use tch::Device;
 
 /// A leak test, configured with a builder.
@@ -218,17 +219,19 @@ impl LeakTest {
     /// the iteration.
     #[track_caller]
     pub fn check_with_setup<I: FnMut()>(self, setup: impl FnOnce(Device) -> I) {
+        let started = Instant::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
         let Some((settings, device)) = test.resolve_or_skip() else { return };
         let report = test.measure_setup_form(&settings, device, setup);
-        conclude(report, &settings);
+        conclude(report, &settings, started);
     }
 
     /// [`LeakTest::check`] for a body that returns `Result`: the first `Err`
     /// ends the test and is returned, after the report is printed.
     #[track_caller]
     pub fn try_check<E: std::fmt::Debug>(self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> std::result::Result<(), E> {
+        let started = Instant::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
         let Some((settings, device)) = test.resolve_or_skip() else { return Ok(()) };
@@ -245,11 +248,11 @@ impl LeakTest {
         });
         if let (Verdict::BodyError { .. }, Some(error)) = (&report.verdict, first_error) {
             let mut report = report;
-            write_files(&mut report, &settings);
+            write_files_timed(&mut report, &settings, started);
             notice(&report.to_string());
             return Err(error);
         }
-        conclude(report, &settings);
+        conclude(report, &settings, started);
         Ok(())
     }
 
@@ -348,11 +351,21 @@ pub(crate) fn write_files(report: &mut Report, settings: &Settings) {
     }
 }
 
+/// [`write_files`], then the timing line where GPU_LEAK_TEST_TIMINGS asks
+/// for one; `started` is when `check*` began.
+fn write_files_timed(report: &mut Report, settings: &Settings, started: Instant) {
+    let writing = Instant::now();
+    write_files(report, settings);
+    if let Some(file) = config::timings_file() {
+        crate::report::files::append_timing(&file, report, writing.elapsed(), started.elapsed());
+    }
+}
+
 /// Panics (at the test that called `check*`, through `#[track_caller]`)
 /// with the report when it failed.
 #[track_caller]
-fn conclude(mut report: Report, settings: &Settings) {
-    write_files(&mut report, settings);
+fn conclude(mut report: Report, settings: &Settings, started: Instant) {
+    write_files_timed(&mut report, settings, started);
     if !report.passed() {
         panic!("{report}");
     }

@@ -6,13 +6,13 @@ use crate::device;
 use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
 use crate::probe::{Snapshot, Tracker};
-use crate::report::{DeviceResult, MemoryViews, Report, RunSettings, Sample};
+use crate::report::{DeviceResult, HarnessTime, MemoryViews, Report, RunSettings, Sample};
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
 use crate::verdict::{self, Phase, Series, Verdict};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tch::Device;
 
 /// The protocol, on a resolved device. `setup` returns the iteration.
@@ -30,6 +30,7 @@ where
     // Lock order: scope, then device, for every leak test.
     let _scope_lock = crate::scope::lock(scope);
     let _device_lock = device::lock_device(device);
+    let waiting = started.elapsed();
     if let Device::Cuda(index) = device {
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
@@ -62,6 +63,8 @@ where
         },
         ResolvedScope::Process { .. } => None,
     };
+    run.time.waiting = waiting;
+    run.time.prewarm = started.elapsed() - waiting;
     let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
     let current = threads.set_current();
     let outcome = run.measure(setup);
@@ -124,6 +127,8 @@ struct Run<'a> {
     notes: Vec<String>,
     /// How attribution stopped, where the body failed during it.
     attribution_stopped: Option<Verdict>,
+    /// Where the time went so far.
+    time: HarnessTime,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -183,16 +188,27 @@ impl<'a> Run<'a> {
             references: Vec::new(),
             notes: Vec::new(),
             attribution_stopped: None,
+            time: HarnessTime::default(),
         }
     }
 
     fn sample(&mut self, phase: Phase, iteration: u32) -> Snapshot {
+        let started = Instant::now();
         let snapshot = Snapshot::take(self.device, &self.tracker);
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
         self.levels.push(self.devices.iter().map(|&d| self.tracker.live_bytes(d)).collect());
         if let Some(global) = &self.global {
             self.global_levels.push(self.devices.iter().map(|&d| global.live_bytes(d)).collect());
         }
+        self.time.sampling += started.elapsed();
+        snapshot
+    }
+
+    /// Every view of the body's device now, timed as sampling.
+    fn snapshot_now(&mut self) -> Snapshot {
+        let started = Instant::now();
+        let snapshot = Snapshot::take(self.device, &self.tracker);
+        self.time.sampling += started.elapsed();
         snapshot
     }
 
@@ -235,7 +251,12 @@ impl<'a> Run<'a> {
     /// verdict that stops the test.
     fn call<T>(&mut self, phase: Phase, iteration: u32, f: impl FnOnce() -> std::result::Result<T, String>) -> std::result::Result<T, Verdict> {
         let ooms_before = self.tracker.out_of_memory().0;
-        match crate::probe::stacks::stop_walks_here(|| catch_unwind(AssertUnwindSafe(f))) {
+        let started = Instant::now();
+        let outcome = crate::probe::stacks::stop_walks_here(|| catch_unwind(AssertUnwindSafe(f)));
+        if phase != Phase::Attribution {
+            self.time.body += started.elapsed();
+        }
+        match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(message)) => Err(Verdict::BodyError { phase, iteration, message }),
             Err(payload) => {
@@ -264,7 +285,7 @@ impl<'a> Run<'a> {
             self.call(Phase::WarmUp, i, &mut iteration)?;
             self.sample(Phase::WarmUp, i);
         }
-        self.before = Some(Snapshot::take(self.device, &self.tracker));
+        self.before = Some(self.snapshot_now());
         for i in 1..=settings.iterations {
             self.call(Phase::Measure, i, &mut iteration)?;
             self.sample(Phase::Measure, i);
@@ -278,7 +299,7 @@ impl<'a> Run<'a> {
             self.call(Phase::Confirm, n, &mut iteration)?;
             self.sample(Phase::Confirm, n);
         }
-        self.after = Some(Snapshot::take(self.device, &self.tracker));
+        self.after = Some(self.snapshot_now());
         let body = self.devices.iter().position(|&d| d == self.device).expect("the body's device is followed");
         self.peak_bytes = self.tracker.view(self.device).peak_bytes - self.start[body];
         let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
@@ -304,7 +325,12 @@ impl<'a> Run<'a> {
             // site (see verdict::replaced_each_iteration).
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
-        let site_levels = match self.attribute(&mut iteration, count) {
+        // Attribution's samples count as attribution, not as sampling.
+        let (attribution_started, sampling_before) = (Instant::now(), self.time.sampling);
+        let attributed = self.attribute(&mut iteration, count);
+        self.time.attribution = attribution_started.elapsed();
+        self.time.sampling = sampling_before;
+        let site_levels = match attributed {
             Ok(levels) => levels,
             Err(stopped) => {
                 // The leak was found before attribution ran: it stands, and
@@ -464,10 +490,13 @@ impl<'a> Run<'a> {
             hints: Vec::new(),
             notes: self.notes,
             host_heap_growth_per_iteration: host_heap_growth,
-            elapsed: started.elapsed(),
+            elapsed: Duration::ZERO,
+            harness_time: self.time,
             verdict: self.verdicts[chosen].clone(),
         };
         report.hints = crate::report::hints::for_report(&report);
+        report.elapsed = started.elapsed();
+        report.harness_time.total = report.elapsed;
         report
     }
 }

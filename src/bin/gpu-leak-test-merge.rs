@@ -6,7 +6,7 @@ fn main() {
         eprintln!("usage: gpu-leak-test-merge OUT DIR...\n  merges the report folders DIR... (each a runner's target/gpu-leak-test) into OUT");
         std::process::exit(2);
     };
-    match gpu_leak_test::report::files::merge_report_dirs(out, inputs) {
+    match gpu_leak_test::report::index::merge_report_dirs(out, inputs) {
         Ok(rows) => println!("gpu-leak-test-merge: {rows} reports of the merged run in {}", out.join("index.html").display()),
         Err(why) => {
             eprintln!("gpu-leak-test-merge: {why}");

@@ -14,6 +14,16 @@ use crate::error::{Error, Result};
 /// instead of skipping, so a misconfigured runner cannot pass the gate.
 pub const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
 
+/// A file each leak test appends one JSON line to: its wall time and where
+/// it went (body, waiting, prewarm, sampling, attribution, report writing).
+/// For measuring the harness over a suite (`scripts/harness-time.sh`).
+pub const TIMINGS_VAR: &str = "GPU_LEAK_TEST_TIMINGS";
+
+/// Where `GPU_LEAK_TEST_TIMINGS` asks for timing lines, if it does.
+pub fn timings_file() -> Option<std::path::PathBuf> {
+    std::env::var_os(TIMINGS_VAR).filter(|path| !path.is_empty()).map(Into::into)
+}
+
 /// Parses a boolean variable: 1/true/yes/on or 0/false/no/off/empty.
 pub fn parse_bool(name: &str, value: &str) -> Result<bool> {
     match value.trim().to_ascii_lowercase().as_str() {

@@ -2,6 +2,7 @@
 //! retained memory was allocated. Its `Display` is the panic message.
 pub mod files;
 mod format;
+pub mod index;
 pub(crate) mod hints;
 pub mod page;
 pub mod json;
@@ -149,6 +150,42 @@ pub struct DeviceResult {
     pub unexplained_bytes_per_iteration: Option<f64>,
 }
 
+/// Where one leak test's time went: the body's, and the harness's around it.
+/// Every part is wall time on the test's thread; `total` less the parts is
+/// what the harness spent deciding and building the report. Writing the
+/// report files comes after the report is complete, so it is not in here:
+/// `GPU_LEAK_TEST_TIMINGS` logs it with the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct HarnessTime {
+    /// From the start of the protocol to the finished report.
+    pub total: Duration,
+    /// Your code: setup and every warm-up, measured and confirmation
+    /// iteration (attribution's are under `attribution`).
+    pub body: Duration,
+    /// Waiting for other leak tests of the process to release the scope and
+    /// device locks (tests under `cargo test` queue there; under nextest
+    /// none do).
+    pub waiting: Duration,
+    /// Preparing the device and the sources: CUDA's one-time state
+    /// (context, cuBLAS workspaces) outside the measurement, the counting
+    /// allocator, the trace tracker, the hook.
+    pub prewarm: Duration,
+    /// Synchronising the device and reading every view after each iteration.
+    pub sampling: Duration,
+    /// Attribution, where it ran: its iterations with a stack captured for
+    /// every allocation, then grouping and symbolising the survivors.
+    pub attribution: Duration,
+}
+
+impl HarnessTime {
+    /// The harness's own share: `total` less the body's time and the time
+    /// spent waiting for other tests.
+    pub fn own(&self) -> Duration {
+        self.total.saturating_sub(self.body).saturating_sub(self.waiting)
+    }
+}
+
 /// Everything one leak test measured and concluded. Its `Display` is the
 /// panic message; its serde form is the JSON report (see
 /// `docs/report-schema.md`), with `schema_version`, `passed` and `plot`
@@ -216,6 +253,9 @@ pub struct Report {
     pub host_heap_growth_per_iteration: Option<f64>,
     /// The test's wall time.
     pub elapsed: Duration,
+    /// Where that time went: the body, and the harness's own parts.
+    #[serde(default)]
+    pub harness_time: HarnessTime,
 }
 
 impl Report {

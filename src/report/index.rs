@@ -1,0 +1,423 @@
+//! `index.html` and `index.rows`: one row per report in a report folder.
+//!
+//! Adding a row costs the same however many reports the folder holds. Both
+//! files are appended to, under the folder's lock: `index.rows` gets the
+//! row as a JSON line (a test's newer row supersedes its older ones), and
+//! `index.html` the row as a table row. A small script in the page keeps the
+//! newest row per report, marks the rows of earlier runs stale, sorts and
+//! counts. Once `index.rows` has grown to twice its size at the last
+//! compaction (plus [`COMPACTION_SLACK`]), both files are rewritten with one
+//! row per report, the page fully rendered: a rewrite after as many appends
+//! as it reads rows, so each report pays a constant share.
+use super::format::{device_name, escape_markup as escape};
+use super::Report;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// What the index shows of one report: one line of `index.rows`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct IndexRow {
+    stem: String,
+    test: String,
+    device: String,
+    verdict: String,
+    passed: bool,
+    expected_failure: bool,
+    retained_growth_bytes: i64,
+    bytes_per_iteration: Option<f64>,
+    peak_bytes: i64,
+    site: Option<String>,
+    plot: Option<String>,
+    run: String,
+    /// Seconds since the Unix epoch.
+    written_at: u64,
+}
+
+impl IndexRow {
+    pub(super) fn of(report: &Report, stem: &str, plot: Option<&str>) -> IndexRow {
+        use crate::verdict::Verdict;
+        let bytes_per_iteration = match &report.verdict {
+            Verdict::Leak(leak) => Some(leak.bytes_per_iteration),
+            Verdict::Suppressed { bytes_per_iteration, .. } | Verdict::WithinThreshold { bytes_per_iteration, .. } => {
+                Some(*bytes_per_iteration)
+            }
+            _ => None,
+        };
+        IndexRow {
+            stem: stem.to_string(),
+            test: report.test.clone(),
+            device: device_name(report.verdict_device),
+            verdict: report.verdict.label().to_string(),
+            passed: report.passed(),
+            expected_failure: report.expected_failure,
+            retained_growth_bytes: report.retained_growth_bytes(),
+            bytes_per_iteration,
+            peak_bytes: report.peak_bytes,
+            site: report.top_site().map(|s| s.location.clone().unwrap_or_else(|| s.description.clone())),
+            plot: plot.map(str::to_string),
+            run: run_id(),
+            written_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        }
+    }
+}
+
+/// Tells one run of the suite from the next: nextest's run id, else the
+/// parent process (cargo test runs every test binary of a run from one
+/// cargo) and its start time, so a reused pid is a new run.
+fn run_id() -> String {
+    if let Ok(id) = std::env::var("NEXTEST_RUN_ID") {
+        return id;
+    }
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let started = std::fs::read_to_string(format!("/proc/{parent}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(19).map(str::to_string)))
+        .unwrap_or_default();
+    format!("{parent}-{started}")
+}
+
+/// Holds an exclusive `flock` on `dir/.index.lock` until dropped: leak tests
+/// that finish together (threads, or processes under nextest) update the
+/// index one at a time, so no row is lost.
+struct IndexLock(std::fs::File);
+
+impl IndexLock {
+    fn take(dir: &Path) -> Result<IndexLock, String> {
+        let path = dir.join(".index.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor owned by `file`, which outlives the lock.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error()));
+        }
+        Ok(IndexLock(file))
+    }
+}
+
+impl Drop for IndexLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: unlocks the descriptor this guard locked.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Bytes `index.rows` may grow by beyond twice its compacted size before
+/// the next compaction: small folders never need one.
+pub const COMPACTION_SLACK: u64 = 64 * 1024;
+
+/// The page's first line after the doctype: the format, and the size of
+/// `index.rows` when the page was last rendered whole.
+const PAGE_MARK: &str = "<!-- gpu-leak-test index 2; rows compacted at ";
+
+fn append(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| format!("cannot append to {}: {e}", path.display()))
+}
+
+/// The rows size recorded in the page's mark, where the page is of this
+/// format; read from its first bytes only.
+fn compacted_size(page: &Path) -> Option<u64> {
+    let mut head = [0u8; 160];
+    let read = std::fs::File::open(page).and_then(|mut f| f.read(&mut head)).ok()?;
+    let head = std::str::from_utf8(&head[..read]).ok()?;
+    let after = &head[head.find(PAGE_MARK)? + PAGE_MARK.len()..];
+    after[..after.find(' ')?].parse().ok()
+}
+
+/// Every row of `index.rows`, the newest of each report only, in the order
+/// their reports first appeared.
+fn read_rows(path: &Path) -> Result<Vec<IndexRow>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    Ok(newest_per_report(text.lines().filter_map(|line| serde_json::from_str(line).ok())))
+}
+
+/// Keeps the last row of each report (rows come oldest first).
+fn newest_per_report(rows: impl IntoIterator<Item = IndexRow>) -> Vec<IndexRow> {
+    let mut order: Vec<String> = Vec::new();
+    let mut newest: BTreeMap<String, IndexRow> = BTreeMap::new();
+    for row in rows {
+        if !newest.contains_key(&row.stem) {
+            order.push(row.stem.clone());
+        }
+        newest.insert(row.stem.clone(), row);
+    }
+    order.into_iter().filter_map(|stem| newest.remove(&stem)).collect()
+}
+
+/// Writes `rows` as the whole of both files, the page rendered for `run`.
+fn write_compacted(dir: &Path, rows: &[IndexRow], run: &str) -> Result<PathBuf, String> {
+    let rows_path = dir.join("index.rows");
+    let text: String = rows.iter().filter_map(|r| serde_json::to_string(r).ok()).map(|line| line + "\n").collect();
+    super::files::write_atomically(&rows_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", rows_path.display()))?;
+    let page = dir.join("index.html");
+    super::files::write_atomically(&page, render(rows, run, text.len() as u64).as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", page.display()))?;
+    Ok(page)
+}
+
+/// Adds this report's row to the folder's index, under the folder's lock.
+pub(super) fn add_row(dir: &Path, row: IndexRow) -> Result<PathBuf, String> {
+    let _lock = IndexLock::take(dir)?;
+    let rows_path = dir.join("index.rows");
+    let page = dir.join("index.html");
+    let line = serde_json::to_string(&row).map_err(|e| format!("cannot serialise the index row: {e}"))? + "\n";
+    append(&rows_path, &line)?;
+    let size = std::fs::metadata(&rows_path).map(|m| m.len()).unwrap_or(0);
+    match compacted_size(&page) {
+        Some(compacted) if size <= 2 * compacted + COMPACTION_SLACK => {
+            append(&page, &row_html(&row, true))?;
+            Ok(page)
+        }
+        // No page yet, a page of an older format, or time to compact.
+        _ => write_compacted(dir, &read_rows(&rows_path)?, &row.run),
+    }
+}
+
+/// Merges the report folders of several runners (nextest partitions) into
+/// `out`: every report file is copied, one row is kept per report (the
+/// newest where two folders have one), the rows of each folder's latest run
+/// become one run, and `out/index.html` is written. Returns the number of
+/// rows of that merged run.
+pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let merged_run = format!("merged-{}", std::process::id());
+    let mut by_stem: BTreeMap<String, IndexRow> = Default::default();
+    for input in inputs {
+        let rows_path = input.join("index.rows");
+        if !rows_path.is_file() {
+            return Err(format!("cannot read {}: no such file (is {} a report folder?)", rows_path.display(), input.display()));
+        }
+        let rows = read_rows(&rows_path)?;
+        let latest_run = rows.iter().max_by_key(|r| r.written_at).map(|r| r.run.clone());
+        for entry in std::fs::read_dir(input).map_err(|e| format!("cannot list {}: {e}", input.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let is_report = path.extension().is_some_and(|e| e == "json" || e == "html" || e == "svg");
+            let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+            if is_report && name != "index.html" {
+                std::fs::copy(&path, out.join(&name)).map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
+            }
+        }
+        for mut row in rows {
+            if Some(&row.run) == latest_run.as_ref() {
+                row.run = merged_run.clone();
+            }
+            match by_stem.get(&row.stem) {
+                Some(kept) if kept.written_at > row.written_at => {}
+                _ => {
+                    by_stem.insert(row.stem.clone(), row);
+                }
+            }
+        }
+    }
+    let rows: Vec<IndexRow> = by_stem.into_values().collect();
+    write_compacted(out, &rows, &merged_run)?;
+    Ok(rows.iter().filter(|r| r.run == merged_run).count())
+}
+
+/// One table row. `current`: of the run the page was rendered for (rows
+/// appended later are of the latest run when written; the page's script
+/// marks them stale once a newer run appends).
+fn row_html(r: &IndexRow, current: bool) -> String {
+    let (class, verdict) = match (r.passed, r.expected_failure) {
+        (false, true) => ("expected", format!("{} (expected by #[should_panic])", r.verdict.replace('_', " "))),
+        (false, false) => ("fail", r.verdict.replace('_', " ")),
+        (true, _) => ("pass", r.verdict.replace('_', " ")),
+    };
+    let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
+    format!(
+        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
+        if current { "current" } else { "stale" },
+        escape(&r.stem),
+        escape(&r.run),
+        r.written_at,
+        escape(&if r.expected_failure { format!("{} (expected)", r.verdict) } else { r.verdict.clone() }.replace('_', " ")),
+        u8::from(!r.passed && !r.expected_failure),
+        escape(&r.stem),
+        escape(&r.test),
+        escape(&r.device),
+        escape(&verdict) + if current { "" } else { " (stale)" },
+        super::signed_bytes(r.retained_growth_bytes),
+        r.bytes_per_iteration.map(|b| super::bytes(b.round().max(0.0) as u64)).unwrap_or_default(),
+        super::bytes(r.peak_bytes.max(0) as u64),
+        escape(r.site.as_deref().unwrap_or("")),
+        escape(&r.stem),
+    )
+}
+
+/// What the page's script does to rows appended after it was rendered: the
+/// same rules as [`render`] (newest row per report; the run of the last row
+/// written is the current one; stale rows marked; failures first, then by
+/// test and device; counts of the current run by verdict).
+const PAGE_SCRIPT: &str = r#"<script>
+document.addEventListener("DOMContentLoaded", () => {
+  const table = document.getElementById("reports");
+  const rows = [...table.querySelectorAll("tr[data-stem]")];
+  if (rows.length <= Number(table.dataset.rendered)) return;
+  const newest = new Map();
+  for (const row of rows) newest.set(row.dataset.stem, row);
+  for (const row of rows) if (newest.get(row.dataset.stem) !== row) row.remove();
+  const kept = [...newest.values()];
+  const run = rows[rows.length - 1].dataset.run;
+  const current = kept.filter((row) => row.dataset.run === run);
+  for (const row of kept) {
+    const stale = row.dataset.run !== run;
+    if (stale && row.classList.contains("current")) {
+      row.classList.replace("current", "stale");
+      row.cells[2].textContent += " (stale)";
+    }
+  }
+  const key = (row) => [row.dataset.run !== run ? 1 : 0, row.dataset.failing === "1" ? 0 : 1, row.cells[0].textContent, row.cells[1].textContent];
+  kept.sort((a, b) => { const x = key(a), y = key(b); for (let i = 0; i < 4; i++) { if (x[i] < y[i]) return -1; if (x[i] > y[i]) return 1; } return 0; });
+  for (const row of kept) table.tBodies[0].appendChild(row);
+  const counts = new Map();
+  for (const row of current) counts.set(row.dataset.verdict, (counts.get(row.dataset.verdict) || 0) + 1);
+  const latest = Math.max(0, ...current.map((row) => Number(row.dataset.written)));
+  const stale = kept.length - current.length;
+  const summary = [...counts].sort().map(([verdict, n]) => `${n} ${verdict}`).join(", ") || "none";
+  document.getElementById("run").innerHTML = `Latest run: ${current.length} tests, written up to <time data-unix="${latest}">${new Date(latest * 1000).toISOString().slice(0, 19).replace("T", " ")}</time> (UTC): ${summary}.` + (stale > 0 ? ` ${stale} rows from earlier runs are marked stale.` : "");
+});
+</script>
+"#;
+
+/// The whole page for `rows` (one per report) with `run` current: counts by
+/// verdict, then a row per report, failures first, rows from earlier runs
+/// marked stale. `rows_size` goes into the page's mark.
+fn render(rows: &[IndexRow], run: &str, rows_size: u64) -> String {
+    let mut rows: Vec<&IndexRow> = rows.iter().collect();
+    let current = |r: &IndexRow| r.run == run;
+    rows.sort_by(|a, b| {
+        let failing = |r: &IndexRow| r.passed || r.expected_failure;
+        (!current(a), failing(a), &a.test, &a.device).cmp(&(!current(b), failing(b), &b.test, &b.device))
+    });
+    let mut counts: BTreeMap<String, usize> = Default::default();
+    for r in rows.iter().filter(|r| current(r)) {
+        let key = if r.expected_failure { format!("{} (expected)", r.verdict) } else { r.verdict.clone() };
+        *counts.entry(key.replace('_', " ")).or_default() += 1;
+    }
+    let latest = rows.iter().filter(|r| current(r)).map(|r| r.written_at).max().unwrap_or(0);
+    let counts: Vec<String> = counts.iter().map(|(verdict, n)| format!("{n} {verdict}")).collect();
+    let stale = rows.iter().filter(|r| !current(r)).count();
+    let mut html = format!(
+        "<!doctype html>\n{PAGE_MARK}{rows_size} bytes -->\n<meta charset=\"utf-8\">\n<title>gpu-leak-test reports</title>\n<style>\
+         body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}\
+         .fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
+         <h1>gpu-leak-test reports</h1>\n<p id=\"run\">Latest run: {} tests, written up to <time data-unix=\"{latest}\">{}</time> (UTC): {}.{}</p>\n<table id=\"reports\" data-rendered=\"{}\">\n\
+         <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>site</th><th>plot</th><th>report</th></tr>\n",
+        rows.iter().filter(|r| current(r)).count(),
+        utc(latest),
+        if counts.is_empty() { "none".to_string() } else { counts.join(", ") },
+        if stale > 0 { format!(" {stale} rows from earlier runs are marked stale.") } else { String::new() },
+        rows.len(),
+    );
+    for r in rows {
+        html.push_str(&row_html(r, current(r)));
+    }
+    // The table stays open: later rows are appended to it.
+    html
+}
+
+/// `2026-11-30 06:38:50` from Unix seconds (UTC), without a date library.
+fn utc(seconds: u64) -> String {
+    let days = seconds / 86_400;
+    let (h, m, s) = (seconds % 86_400 / 3600, seconds % 3600 / 60, seconds % 60);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(stem: &str, run: &str, written_at: u64) -> IndexRow {
+        IndexRow {
+            stem: stem.into(),
+            test: stem.into(),
+            device: "cpu".into(),
+            verdict: "clean".into(),
+            passed: true,
+            expected_failure: false,
+            retained_growth_bytes: 0,
+            bytes_per_iteration: None,
+            peak_bytes: 0,
+            site: None,
+            plot: None,
+            run: run.into(),
+            written_at,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpu-leak-test-index-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_796_020_730), "2026-11-30 06:38:50");
+    }
+
+    #[test]
+    fn a_newer_row_of_a_report_supersedes_the_older_in_place() {
+        let rows = newest_per_report([row("a", "1", 1), row("b", "1", 2), row("a", "2", 3)]);
+        let seen: Vec<(&str, &str)> = rows.iter().map(|r| (r.stem.as_str(), r.run.as_str())).collect();
+        assert_eq!(seen, [("a", "2"), ("b", "1")]);
+    }
+
+    #[test]
+    fn rows_are_appended_until_the_rows_file_doubles_then_compacted_to_one_per_report() {
+        let dir = scratch("compaction");
+        // 20 reports rewritten run after run: the files stay within twice
+        // their compacted size plus the slack.
+        let mut largest = 0;
+        for run in 0..400 {
+            for test in 0..20 {
+                add_row(&dir, row(&format!("test_{test:02}"), &format!("run{run}"), run)).unwrap();
+            }
+            largest = largest.max(std::fs::metadata(dir.join("index.rows")).unwrap().len());
+        }
+        let one_run = read_rows(&dir.join("index.rows")).unwrap();
+        assert_eq!(one_run.len(), 20, "one row per report");
+        let compacted: u64 = one_run.iter().map(|r| serde_json::to_string(r).unwrap().len() as u64 + 1).sum();
+        assert!(largest <= 2 * compacted + COMPACTION_SLACK + 512, "index.rows reached {largest} bytes");
+        let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+        assert!(page.matches("<tr class=").count() <= 20 * ((2 * compacted + COMPACTION_SLACK) / compacted + 1) as usize);
+        assert!(page.contains("run399") && compacted_size(&dir.join("index.html")).is_some());
+    }
+
+    #[test]
+    fn a_page_of_an_older_format_is_rendered_whole_on_the_next_row() {
+        let dir = scratch("older_format");
+        std::fs::write(dir.join("index.html"), "<!doctype html>\n<table><tr><td>older-format-row</td></tr></table>\n").unwrap();
+        add_row(&dir, row("new", "1", 1)).unwrap();
+        let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+        assert!(page.contains(PAGE_MARK) && !page.contains("older-format-row") && page.contains("1 tests"), "{page}");
+    }
+}
