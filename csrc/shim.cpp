@@ -113,6 +113,21 @@ char* glt_load_torch_cuda(int* loaded, char** why) {
   });
 }
 
+// *loaded is 1 where libtorch_cuda.so is in the process already (loaded by
+// glt_load_torch_cuda, or by the test binary's own link), without loading it.
+char* glt_torch_cuda_loaded(int* loaded) {
+  return guarded([&] {
+    if (torch_cuda_handle == nullptr) {
+      std::string path = directory_of_loaded_c10() + "libtorch_cuda.so";
+      torch_cuda_handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+      if (torch_cuda_handle == nullptr) {
+        torch_cuda_handle = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+      }
+    }
+    *loaded = torch_cuda_handle != nullptr ? 1 : 0;
+  });
+}
+
 char* glt_cuda_device_count(int32_t* count) {
   return guarded([&] { *count = static_cast<int32_t>(cuda_guard()->deviceCount()); });
 }

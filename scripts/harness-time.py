@@ -1,6 +1,7 @@
 """Summarises GPU_LEAK_TEST_TIMINGS lines: the harness's own time per leak
-test (wall time less the body's time and less waiting for other tests'
-locks), split into its parts, as a Markdown table of medians and maxima.
+test (wall time less the body's time, less waiting for other tests' locks,
+less CUDA's own start-up), split into its parts, as a Markdown table of
+medians and maxima.
 
     harness-time.py TIMINGS_FILE [TITLE]
 """
@@ -9,11 +10,11 @@ import statistics
 import sys
 
 PARTS = [
-    ("prewarm", "prewarm (CUDA one-time state, sources, hook)"),
+    ("prewarm", "prewarm (settings, device, CUDA one-time state, sources, hook), less CUDA's start-up"),
     ("sampling", "synchronisation and sampling"),
     ("attribution", "attribution (failing tests only)"),
     ("report_writing", "report writing (JSON, page, plot, index)"),
-    ("other", "other (settings, verdicts, building the report)"),
+    ("other", "other (verdicts, building the report)"),
 ]
 
 
@@ -28,11 +29,15 @@ def main():
         rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         sys.exit(f"{path}: no timing lines (was GPU_LEAK_TEST_TIMINGS set for the run?)")
-    own = [r["total"] - r["body"] - r["waiting"] for r in rows]
+    for r in rows:
+        r.setdefault("cuda_startup", 0.0)
+        r["prewarm"] -= r["cuda_startup"]
+    own = [r["total"] - r["body"] - r["waiting"] - r["cuda_startup"] for r in rows]
     print(f"#### Harness time per leak test: {title}\n")
     print(
         f"{len(rows)} leak tests; the harness's own time is each test's wall time (from `check*` to its files written) "
-        f"less its body's time and less waiting for other tests' locks. Milliseconds.\n"
+        f"less its body's time, less waiting for other tests' locks, and less CUDA's own start-up (libtorch's CUDA "
+        f"library, the driver, the device's context: what the body would pay in its first iteration). Milliseconds.\n"
     )
     print("| part | median | max | share of the harness's total |\n| --- | --- | --- | --- |")
     total_own = sum(own) or 1.0
@@ -40,16 +45,16 @@ def main():
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | {sum(values) / total_own:.0%} |")
     print(f"| **the harness's own, all parts** | **{ms(statistics.median(own))}** | **{ms(max(own))}** | 100% |")
-    body = [r["body"] for r in rows]
-    waiting = [r["waiting"] for r in rows]
-    print(f"| (the body, for scale) | {ms(statistics.median(body))} | {ms(max(body))} | |")
-    print(f"| (waiting for other leak tests) | {ms(statistics.median(waiting))} | {ms(max(waiting))} | |")
-    slowest = max(rows, key=lambda r: r["total"] - r["body"] - r["waiting"])
+    for key, name in [("cuda_startup", "(CUDA's start-up, where the test paid it)"), ("body", "(the body, for scale)"),
+                      ("waiting", "(waiting for other leak tests)")]:
+        values = [r[key] for r in rows]
+        print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | |")
+    slowest = max(rows, key=lambda r: r["total"] - r["body"] - r["waiting"] - r["cuda_startup"])
     top = max(PARTS, key=lambda p: slowest[p[0]])
     print(
         f"\nSlowest: `{slowest['test']}` on {slowest['device']} ({slowest['verdict']}): "
-        f"{ms(slowest['total'] - slowest['body'] - slowest['waiting'])} ms of its own, most of it {top[1]} "
-        f"({ms(slowest[top[0]])} ms).\n"
+        f"{ms(slowest['total'] - slowest['body'] - slowest['waiting'] - slowest['cuda_startup'])} ms of its own, "
+        f"most of it {top[1]} ({ms(slowest[top[0]])} ms).\n"
     )
 
 

@@ -7,6 +7,7 @@ use crate::report::Report;
 use crate::verdict::Verdict;
 use std::io::Write;
 use std::path::PathBuf;
+use crate::protocol::Started;
 use std::time::Instant;
 use tch::Device;
 
@@ -184,21 +185,23 @@ impl LeakTest {
     /// Leaks come through state the closure owns, as in a training loop
     /// that keeps every loss.
     pub fn run_with_setup<I: FnMut()>(&self, setup: impl FnOnce(Device) -> I) -> Result<Report> {
+        let started = Started::now();
         let (settings, device) = self.resolve()?;
-        Ok(self.measure_setup_form(&settings, device, setup))
+        Ok(self.measure_setup_form(&settings, device, started, setup))
     }
 
     /// Like [`LeakTest::run`] for a body that returns `Result`: an `Err`
     /// stops the test with [`Verdict::BodyError`].
     pub fn try_run<E: std::fmt::Debug>(&self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> Result<Report> {
+        let started = Started::now();
         let (settings, device) = self.resolve()?;
-        Ok(crate::protocol::measure(self, &settings, device, move |device| {
+        Ok(crate::protocol::measure(self, &settings, device, started, move |device| {
             Ok(move || body(device).map_err(|e| format!("{e:?}")))
         }))
     }
 
-    fn measure_setup_form<I: FnMut()>(&self, settings: &Settings, device: Device, setup: impl FnOnce(Device) -> I) -> Report {
-        crate::protocol::measure(self, settings, device, |device| {
+    fn measure_setup_form<I: FnMut()>(&self, settings: &Settings, device: Device, started: Started, setup: impl FnOnce(Device) -> I) -> Report {
+        crate::protocol::measure(self, settings, device, started, |device| {
             let mut iteration = setup(device);
             Ok(move || {
                 iteration();
@@ -219,11 +222,11 @@ impl LeakTest {
     /// the iteration.
     #[track_caller]
     pub fn check_with_setup<I: FnMut()>(self, setup: impl FnOnce(Device) -> I) {
-        let started = Instant::now();
+        let started = Started::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
         let Some((settings, device)) = test.resolve_or_skip() else { return };
-        let report = test.measure_setup_form(&settings, device, setup);
+        let report = test.measure_setup_form(&settings, device, started, setup);
         conclude(report, &settings, started);
     }
 
@@ -231,13 +234,13 @@ impl LeakTest {
     /// ends the test and is returned, after the report is printed.
     #[track_caller]
     pub fn try_check<E: std::fmt::Debug>(self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> std::result::Result<(), E> {
-        let started = Instant::now();
+        let started = Started::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
         let Some((settings, device)) = test.resolve_or_skip() else { return Ok(()) };
         let mut first_error = None;
         let first_error_slot = &mut first_error;
-        let report = crate::protocol::measure(&test, &settings, device, |device| {
+        let report = crate::protocol::measure(&test, &settings, device, started, |device| {
             Ok(move || {
                 body(device).map_err(|e| {
                     let message = format!("{e:?}");
@@ -353,7 +356,7 @@ pub(crate) fn write_files(report: &mut Report, settings: &Settings) {
 
 /// [`write_files`], then the timing line where GPU_LEAK_TEST_TIMINGS asks
 /// for one; `started` is when `check*` began.
-fn write_files_timed(report: &mut Report, settings: &Settings, started: Instant) {
+fn write_files_timed(report: &mut Report, settings: &Settings, started: Started) {
     let writing = Instant::now();
     write_files(report, settings);
     if let Some(file) = config::timings_file() {
@@ -364,7 +367,7 @@ fn write_files_timed(report: &mut Report, settings: &Settings, started: Instant)
 /// Panics (at the test that called `check*`, through `#[track_caller]`)
 /// with the report when it failed.
 #[track_caller]
-fn conclude(mut report: Report, settings: &Settings, started: Instant) {
+fn conclude(mut report: Report, settings: &Settings, started: Started) {
     write_files_timed(&mut report, settings, started);
     if !report.passed() {
         panic!("{report}");

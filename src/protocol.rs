@@ -15,22 +15,42 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 use tch::Device;
 
+/// When a leak test began (before its settings and device were resolved,
+/// which can start CUDA), for [`HarnessTime`].
+#[derive(Clone, Copy)]
+pub(crate) struct Started {
+    at: Instant,
+    cuda_startup: Duration,
+}
+
+impl Started {
+    pub(crate) fn now() -> Started {
+        Started { at: Instant::now(), cuda_startup: crate::probe::cuda::startup_time() }
+    }
+
+    /// Wall time since the test began.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.at.elapsed()
+    }
+}
+
 /// The protocol, on a resolved device. `setup` returns the iteration.
 pub(crate) fn measure<I>(
     test: &LeakTest,
     settings: &Settings,
     device: Device,
+    started: Started,
     setup: impl FnOnce(Device) -> std::result::Result<I, String>,
 ) -> Report
 where
     I: FnMut() -> std::result::Result<(), String>,
 {
-    let started = Instant::now();
     let scope = settings.scope.resolve(Runner::detect());
     // Lock order: scope, then device, for every leak test.
+    let locking = Instant::now();
     let _scope_lock = crate::scope::lock(scope);
     let _device_lock = device::lock_device(device);
-    let waiting = started.elapsed();
+    let waiting = locking.elapsed();
     if let Device::Cuda(index) = device {
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
@@ -64,7 +84,7 @@ where
         ResolvedScope::Process { .. } => None,
     };
     run.time.waiting = waiting;
-    run.time.prewarm = started.elapsed() - waiting;
+    run.time.prewarm = started.elapsed().saturating_sub(waiting);
     let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
     let current = threads.set_current();
     let outcome = run.measure(setup);
@@ -147,10 +167,12 @@ fn is_out_of_memory(message: &str) -> bool {
     m.contains("out of memory") || m.contains("defaultcpuallocator: can't allocate memory")
 }
 
-/// The CPU first, then every CUDA device of the machine.
+/// The CPU first, then every CUDA device of the machine where CUDA is
+/// loaded (nothing can allocate on CUDA otherwise; see
+/// `cuda::is_loaded`).
 fn followed_devices(body: Device) -> Vec<Device> {
     let mut devices = vec![Device::Cpu];
-    devices.extend((0..crate::probe::cuda::device_count()).map(Device::Cuda));
+    devices.extend((0..crate::probe::cuda::loaded_device_count()).map(Device::Cuda));
     if !devices.contains(&body) {
         devices.push(body);
     }
@@ -404,14 +426,14 @@ impl<'a> Run<'a> {
     }
 
     /// A run stopped by a panic, an error or a failed start.
-    fn stop(mut self, verdict: Verdict, started: Instant) -> Report {
+    fn stop(mut self, verdict: Verdict, started: Started) -> Report {
         let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
         self.verdicts = vec![Verdict::Clean; self.devices.len()];
         self.verdicts[body] = verdict;
         self.finish(started)
     }
 
-    fn finish(self, started: Instant) -> Report {
+    fn finish(self, started: Started) -> Report {
         let settings = self.settings;
         let judged = self.judged();
         // The verdict the test gets: a failure on any device (the biggest
@@ -497,6 +519,7 @@ impl<'a> Run<'a> {
         report.hints = crate::report::hints::for_report(&report);
         report.elapsed = started.elapsed();
         report.harness_time.total = report.elapsed;
+        report.harness_time.cuda_startup = crate::probe::cuda::startup_time().saturating_sub(started.cuda_startup);
         report
     }
 }

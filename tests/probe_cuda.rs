@@ -111,3 +111,24 @@ fn tch_sees_cuda_once_the_probe_loaded_it() {
     assert!(tch::Cuda::is_available());
     assert_eq!(tch::Cuda::device_count() as usize, cuda::device_count());
 }
+
+/// A leak test on the CPU starts no CUDA, on a GPU runner too: nothing in
+/// the process can allocate on CUDA until libtorch's CUDA library is loaded,
+/// so the test sees what it sees on a machine without a GPU and pays
+/// nothing for CUDA. Only a process of its own can tell (cargo nextest);
+/// under `cargo test` an earlier CUDA test may have loaded it.
+#[test]
+fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
+    if std::env::var_os("NEXTEST").is_none() {
+        eprintln!("skipped a_cpu_test_in_a_process_of_its_own_starts_no_cuda: needs a process of its own (cargo nextest)");
+        return;
+    }
+    let report = gpu_leak_test::LeakTest::new("cpu_only")
+        .device("cpu")
+        .run(|device| drop(Tensor::ones([64], (Kind::Float, device))))
+        .unwrap();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.harness_time);
+    assert_eq!(report.devices.iter().map(|d| d.device).collect::<Vec<_>>(), [Device::Cpu]);
+    assert!(!cuda::is_loaded(), "libtorch's CUDA library was loaded for a test on the CPU");
+}

@@ -6,7 +6,9 @@
 use crate::error::{Error, Result};
 use super::ffi;
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Current and peak value of one allocator statistic.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,37 +81,87 @@ fn nvidia_driver_present() -> bool {
     }
 }
 
-/// Why CUDA is unusable, decided once per process.
+/// Nanoseconds this process spent starting CUDA: loading libtorch's CUDA
+/// library, initialising the driver (counting devices), creating each
+/// device's context. Any CUDA code pays them once per process; the harness
+/// reports them apart from its own time.
+static STARTUP_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// CUDA's start-up time in this process so far (see [`STARTUP_NANOS`]).
+pub fn startup_time() -> Duration {
+    Duration::from_nanos(STARTUP_NANOS.load(Ordering::Relaxed))
+}
+
+fn add_startup(since: Instant) {
+    STARTUP_NANOS.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// Why CUDA is unusable, decided once per process (on first use).
+static REASON: OnceLock<Option<String>> = OnceLock::new();
+
 fn cuda_unavailable_reason() -> Option<&'static str> {
-    static REASON: OnceLock<Option<String>> = OnceLock::new();
     REASON
         .get_or_init(|| {
             if !nvidia_driver_present() {
                 return Some("no NVIDIA driver on this machine (no /dev/nvidiactl, no libcuda.so.1)".into());
             }
-            let mut loaded: c_int = 0;
-            let mut why: *mut c_char = std::ptr::null_mut();
-            // SAFETY: plain out-parameters.
-            let error = unsafe { ffi::glt_load_torch_cuda(&mut loaded, &mut why) };
-            let why = ffi::take_string(why);
-            if let Err(e) = ffi::check("glt_load_torch_cuda", error) {
-                return Some(e.to_string());
-            }
-            if loaded == 0 {
-                return Some(format!(
-                    "libtorch_cuda.so could not be loaded ({})",
-                    why.unwrap_or_else(|| "no reason given".into())
-                ));
-            }
-            let mut count = 0i32;
-            // SAFETY: plain out-parameter.
-            match ffi::check("glt_cuda_device_count", unsafe { ffi::glt_cuda_device_count(&mut count) }) {
-                Err(e) => Some(e.to_string()),
-                Ok(()) if count <= 0 => Some("the CUDA driver reports no device".into()),
-                Ok(()) => None,
-            }
+            let started = Instant::now();
+            let reason = load_and_count();
+            add_startup(started);
+            reason
         })
         .as_deref()
+}
+
+/// Loads libtorch's CUDA library and asks the driver for devices.
+fn load_and_count() -> Option<String> {
+    let mut loaded: c_int = 0;
+    let mut why: *mut c_char = std::ptr::null_mut();
+    // SAFETY: plain out-parameters.
+    let error = unsafe { ffi::glt_load_torch_cuda(&mut loaded, &mut why) };
+    let why = ffi::take_string(why);
+    if let Err(e) = ffi::check("glt_load_torch_cuda", error) {
+        return Some(e.to_string());
+    }
+    if loaded == 0 {
+        return Some(format!(
+            "libtorch_cuda.so could not be loaded ({})",
+            why.unwrap_or_else(|| "no reason given".into())
+        ));
+    }
+    let mut count = 0i32;
+    // SAFETY: plain out-parameter.
+    match ffi::check("glt_cuda_device_count", unsafe { ffi::glt_cuda_device_count(&mut count) }) {
+        Err(e) => Some(e.to_string()),
+        Ok(()) if count <= 0 => Some("the CUDA driver reports no device".into()),
+        Ok(()) => None,
+    }
+}
+
+/// True where CUDA is usable and libtorch's CUDA library is in the process
+/// already: loaded for a CUDA test, or by the test binary's own link.
+/// Without it no code in the process can make a CUDA tensor (tch's
+/// `Cuda::is_available()` is false), so a test on the CPU neither follows
+/// CUDA devices nor starts CUDA to find out: on a GPU runner that start
+/// costs each CPU test's process 0.2 to 0.5 s, and the CPU test sees what it
+/// sees on a machine without a GPU.
+pub fn is_loaded() -> bool {
+    if REASON.get().is_some() {
+        return is_available();
+    }
+    let mut loaded: c_int = 0;
+    // SAFETY: plain out-parameter.
+    let asked = ffi::check("glt_torch_cuda_loaded", unsafe { ffi::glt_torch_cuda_loaded(&mut loaded) });
+    asked.is_ok() && loaded == 1 && is_available()
+}
+
+/// [`device_count`] where CUDA is loaded already ([`is_loaded`]), else 0.
+pub fn loaded_device_count() -> usize {
+    if is_loaded() {
+        device_count()
+    } else {
+        0
+    }
 }
 
 /// Number of CUDA devices this process sees; 0 without CUDA.
@@ -220,6 +272,17 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
 pub fn prewarm(index: usize) -> Result<()> {
     check_device(index)?;
     let device = tch::Device::Cuda(index);
+    // The device's context comes with its first tensor: CUDA's start-up,
+    // counted apart (once per device and process).
+    static CONTEXTS: AtomicU64 = AtomicU64::new(0);
+    let bit = 1u64 << index.min(63);
+    if CONTEXTS.load(Ordering::Relaxed) & bit == 0 {
+        let started = Instant::now();
+        drop(tch::Tensor::zeros([1], (tch::Kind::Float, device)));
+        synchronize(index)?;
+        add_startup(started);
+        CONTEXTS.fetch_or(bit, Ordering::Relaxed);
+    }
     let options = (tch::Kind::Float, device);
     let weight = tch::Tensor::ones([16, 16], options).set_requires_grad(true);
     let bias = tch::Tensor::zeros([16], options).set_requires_grad(true);

@@ -31,6 +31,7 @@ pub(crate) type ProcessEventFn = extern "C" fn(*mut c_void, i64, i32, i32);
 extern "C" {
     fn glt_free_string(text: *mut c_char);
     pub(crate) fn glt_load_torch_cuda(loaded: *mut c_int, why: *mut *mut c_char) -> *mut c_char;
+    pub(crate) fn glt_torch_cuda_loaded(loaded: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_cuda_device_count(count: *mut i32) -> *mut c_char;
     pub(crate) fn glt_cuda_allocator_stats(device: i32, out: *mut RawAllocatorStats) -> *mut c_char;
     pub(crate) fn glt_cuda_empty_cache() -> *mut c_char;

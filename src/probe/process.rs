@@ -40,8 +40,9 @@ extern "C" fn on_process_event(ptr: *mut c_void, size: i64, device_type: i32, de
 pub struct Coverage {
     /// The counting CPU allocator is the CPU allocator in force.
     pub cpu: bool,
-    /// The CUDA trace tracker records; `Err` says why not (no CUDA device,
-    /// a build without CUDA headers, an allocator without history).
+    /// The CUDA trace tracker is attached; `Err` says why not (CUDA not
+    /// loaded, a build without CUDA headers, an allocator without trace
+    /// support).
     pub cuda: std::result::Result<(), String>,
 }
 
@@ -73,8 +74,9 @@ fn install_cpu() -> Result<bool> {
 /// Attaches the CUDA trace tracker (once per process; later calls only say
 /// whether it is attached).
 fn attach_cuda_trace() -> std::result::Result<(), String> {
-    if !super::cuda::is_available() {
-        return Err("no CUDA device".into());
+    if !super::cuda::is_loaded() {
+        // Nothing in the process can allocate on CUDA (see cuda::is_loaded).
+        return Err("CUDA is not loaded in this process".into());
     }
     let mut available: c_int = 0;
     // SAFETY: the out-pointer is valid for the call.
@@ -123,6 +125,10 @@ impl Observation {
             unsafe { ffi::glt_process_set_sink(Some(on_process_event)) };
             observer.coverage = Coverage { cpu, cuda };
             observer.tracker = Some(tracker);
+        } else if observer.coverage.cuda.is_err() {
+            // Opened by a test on the CPU before CUDA was loaded; a CUDA test
+            // joining now brings it, and the tracker sees its events from here.
+            observer.coverage.cuda = attach_cuda_trace();
         }
         observer.users += 1;
         Ok(Observation { tracker: observer.tracker.clone().expect("set while users > 0"), coverage: observer.coverage.clone() })

@@ -172,6 +172,7 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "body": time.body.as_secs_f64(),
         "waiting": time.waiting.as_secs_f64(),
         "prewarm": time.prewarm.as_secs_f64(),
+        "cuda_startup": time.cuda_startup.as_secs_f64(),
         "sampling": time.sampling.as_secs_f64(),
         "attribution": time.attribution.as_secs_f64(),
         "report_writing": report_writing.as_secs_f64(),

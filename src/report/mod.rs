@@ -167,10 +167,15 @@ pub struct HarnessTime {
     /// device locks (tests under `cargo test` queue there; under nextest
     /// none do).
     pub waiting: Duration,
-    /// Preparing the device and the sources: CUDA's one-time state
-    /// (context, cuBLAS workspaces) outside the measurement, the counting
-    /// allocator, the trace tracker, the hook.
+    /// Preparing the device and the sources: resolving the settings and the
+    /// device, CUDA's one-time state (context, cuBLAS workspaces) outside the
+    /// measurement, the counting allocator, the trace tracker, the hook.
     pub prewarm: Duration,
+    /// Of `prewarm`, CUDA's own start-up where this test paid it: loading
+    /// libtorch's CUDA library, initialising the driver, creating the
+    /// device's context. Any CUDA code pays it once per process (the body
+    /// would in its first iteration); a test on the CPU never does.
+    pub cuda_startup: Duration,
     /// Synchronising the device and reading every view after each iteration.
     pub sampling: Duration,
     /// Attribution, where it ran: its iterations with a stack captured for
@@ -179,10 +184,10 @@ pub struct HarnessTime {
 }
 
 impl HarnessTime {
-    /// The harness's own share: `total` less the body's time and the time
-    /// spent waiting for other tests.
+    /// The harness's own share: `total` less the body's time, the time
+    /// spent waiting for other tests, and CUDA's start-up.
     pub fn own(&self) -> Duration {
-        self.total.saturating_sub(self.body).saturating_sub(self.waiting)
+        self.total.saturating_sub(self.body).saturating_sub(self.waiting).saturating_sub(self.cuda_startup)
     }
 }
 
