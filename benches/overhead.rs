@@ -2,13 +2,20 @@
 //!
 //! `cargo bench --bench overhead` (or `scripts/bench.sh`) prints Markdown:
 //!
-//! 1. One training step three ways, alternating within each round: plain
-//!    (no hook installed at all); counting (the hook of a passing leak
-//!    test); attribution forced on (a stack captured for every allocation).
-//!    Ratios to plain, median with min and max over the rounds. On CUDA the
-//!    step is an MLP 1024-4096-4096-10, batch 256, Adam; on the CPU an MLP
-//!    256-512-512-10, batch 64, Adam.
-//! 2. The cost of one stack capture, caching unwinder against libgcc's.
+//! 1. Two training steps four ways each, alternating within each round:
+//!    plain (no hook installed at all); a passing leak test in thread scope
+//!    (the hook, counting); in process scope (every thread, through the
+//!    counting CPU allocator and the CUDA trace tracker); attribution forced
+//!    on (a stack captured for every allocation). Ratios to plain, median
+//!    with min and max over the rounds, and the cost per allocator event.
+//!    The GPU-bound step is an MLP with Adam (1024-4096-4096-10 at batch 256
+//!    on CUDA, 256-512-512-10 at batch 64 on the CPU); the allocation-heavy
+//!    step an LSTM cell unrolled over 64 time steps at batch 8, hidden 256,
+//!    with Adam: thousands of allocator events per step.
+//!    Then each variant's cost per allocator event in a loop that does
+//!    nothing else, and the tracker's callback alone.
+//! 2. The cost of one stack capture, caching unwinder against libgcc's, and
+//!    of writing a report into a folder of 10 or 10,000 earlier ones.
 //! 3. Sensitivity: the smallest per-iteration leak flagged, from a sweep
 //!    starting at one element.
 //! 4. False alarms over 1,000 runs of a varied clean scenario, and over
@@ -16,6 +23,9 @@
 //!    and sawtooths of every period up to the window, in every phase.
 //! 5. Misses over 1,000 runs of leaks every k-th iteration, k from 1 to
 //!    half the window, in every phase.
+//!
+//! Sections can be named to run only them: `overhead --bench heavy step`
+//! (the names are in `SECTIONS`).
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -33,10 +43,12 @@ struct Scale {
     steps_per_round: usize,
     false_alarm_runs: usize,
     captures: usize,
+    /// Earlier reports in the folder for the index's cost.
+    old_reports: usize,
 }
 
-const FULL: Scale = Scale { rounds: 21, steps_per_round: 40, false_alarm_runs: 1000, captures: 2000 };
-const SMOKE: Scale = Scale { rounds: 2, steps_per_round: 2, false_alarm_runs: 8, captures: 20 };
+const FULL: Scale = Scale { rounds: 21, steps_per_round: 40, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
+const SMOKE: Scale = Scale { rounds: 2, steps_per_round: 2, false_alarm_runs: 8, captures: 20, old_reports: 40 };
 
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
@@ -44,7 +56,16 @@ fn sync(device: Device) {
     }
 }
 
-struct Step {
+/// A training step whose overhead is measured.
+trait TrainingStep {
+    fn run(&mut self);
+    /// What the step is, for the table's heading.
+    fn describe(&self) -> String;
+}
+
+/// The GPU-bound step: an MLP, Adam. On CUDA 1024-4096-4096-10 at batch
+/// 256; on the CPU 256-512-512-10 at batch 64.
+struct MlpStep {
     model: nn::Sequential,
     opt: nn::Optimizer,
     x: Tensor,
@@ -52,8 +73,8 @@ struct Step {
     _vs: nn::VarStore,
 }
 
-impl Step {
-    fn new(device: Device) -> Step {
+impl MlpStep {
+    fn new(device: Device) -> MlpStep {
         let (sizes, batch): (&[i64], i64) =
             if device.is_cuda() { (&[1024, 4096, 4096, 10], 256) } else { (&[256, 512, 512, 10], 64) };
         let vs = nn::VarStore::new(device);
@@ -67,12 +88,78 @@ impl Step {
         let opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
         let x = Tensor::randn([batch, sizes[0]], (Kind::Float, device));
         let y = Tensor::randint(10, [batch], (Kind::Int64, device));
-        Step { model, opt, x, y, _vs: vs }
+        MlpStep { model, opt, x, y, _vs: vs }
     }
+}
 
+impl TrainingStep for MlpStep {
     fn run(&mut self) {
         let loss = self.model.forward(&self.x).cross_entropy_for_logits(&self.y);
         self.opt.backward_step(&loss);
+    }
+
+    fn describe(&self) -> String {
+        "One training step (MLP, Adam)".into()
+    }
+}
+
+/// Time steps, batch, input and hidden size of the allocation-heavy step.
+const LSTM_SHAPE: (i64, i64, i64, i64) = (64, 8, 256, 256);
+
+/// The allocation-heavy step: an LSTM cell unrolled over 64 time steps at
+/// batch 8, input and hidden size 256, a linear head, cross-entropy, Adam.
+/// Every cell op is a small kernel and a fresh tensor, so allocator events
+/// (thousands per step) are a large share of the step's CPU time.
+/// `benches/anchors/pytorch_step.py --model lstm` is the same step in PyTorch.
+struct LstmStep {
+    w_ih: Tensor,
+    w_hh: Tensor,
+    bias: Tensor,
+    head: nn::Linear,
+    opt: nn::Optimizer,
+    x: Tensor,
+    y: Tensor,
+    _vs: nn::VarStore,
+}
+
+impl LstmStep {
+    fn new(device: Device) -> LstmStep {
+        let (steps, batch, input, hidden) = LSTM_SHAPE;
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let bound = 1.0 / (hidden as f64).sqrt();
+        let uniform = nn::Init::Uniform { lo: -bound, up: bound };
+        let w_ih = root.var("w_ih", &[input, 4 * hidden], uniform);
+        let w_hh = root.var("w_hh", &[hidden, 4 * hidden], uniform);
+        let bias = root.var("bias", &[4 * hidden], uniform);
+        let head = nn::linear(&root / "head", hidden, 10, Default::default());
+        let opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+        let x = Tensor::randn([steps, batch, input], (Kind::Float, device));
+        let y = Tensor::randint(10, [batch], (Kind::Int64, device));
+        LstmStep { w_ih, w_hh, bias, head, opt, x, y, _vs: vs }
+    }
+}
+
+impl TrainingStep for LstmStep {
+    fn run(&mut self) {
+        let (steps, batch, _, hidden) = LSTM_SHAPE;
+        let options = (Kind::Float, self.x.device());
+        let mut h = Tensor::zeros([batch, hidden], options);
+        let mut c = Tensor::zeros([batch, hidden], options);
+        for t in 0..steps {
+            let gates = self.x.get(t).matmul(&self.w_ih) + h.matmul(&self.w_hh) + &self.bias;
+            let parts = gates.chunk(4, 1);
+            let (i, f, g, o) = (parts[0].sigmoid(), parts[1].sigmoid(), parts[2].tanh(), parts[3].sigmoid());
+            c = f * &c + i * g;
+            h = o * c.tanh();
+        }
+        let loss = self.head.forward(&h).cross_entropy_for_logits(&self.y);
+        self.opt.backward_step(&loss);
+    }
+
+    fn describe(&self) -> String {
+        let (steps, batch, input, hidden) = LSTM_SHAPE;
+        format!("An allocation-heavy step (LSTM cell unrolled over {steps} time steps, batch {batch}, input {input}, hidden {hidden}, Adam)")
     }
 }
 
@@ -87,7 +174,7 @@ enum Variant {
 }
 
 /// Seconds per step for `steps` steps of one variant.
-fn time_variant(step: &mut Step, device: Device, variant: Variant, steps: usize) -> f64 {
+fn time_variant(step: &mut dyn TrainingStep, device: Device, variant: Variant, steps: usize) -> f64 {
     let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
     let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
@@ -115,65 +202,181 @@ fn summary(values: &mut [f64]) -> (f64, f64, f64) {
     (values[values.len() / 2], values[0], values[values.len() - 1])
 }
 
-fn step_overhead(device: Device, scale: &Scale) {
-    let mut step = Step::new(device);
-    // Warm-up: optimizer state, workspaces, the unwinder's module list.
-    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
-    for variant in variants {
-        time_variant(&mut step, device, variant, 3);
-    }
-    let mut plain_times = Vec::new();
-    let mut ratios: [Vec<f64>; 3] = Default::default();
-    for round in 0..scale.rounds {
-        let mut times = [0.0; 4];
-        for k in 0..variants.len() {
-            // Rotate the order every round so drift hits every variant alike.
-            let index = (k + round) % variants.len();
-            times[index] = time_variant(&mut step, device, variants[index], scale.steps_per_round);
-        }
-        plain_times.push(times[0]);
-        for v in 1..variants.len() {
-            ratios[v - 1].push(times[v] / times[0]);
-        }
-    }
-    // Allocator events per step, from the hook itself.
+/// Allocator events (allocations and frees, every device) of one step, as
+/// the hook counts them on the step's threads and as the process-wide
+/// sources count them.
+fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64) {
+    let events = |tracker: &Tracker| -> u64 {
+        [Device::Cpu, device].iter().take(if device == Device::Cpu { 1 } else { 2 }).map(|&d| {
+            let view = tracker.view(d);
+            view.allocations + view.frees
+        }).sum()
+    };
     let tracker = Tracker::new();
     {
         let _hook = tracker.enter().unwrap();
         step.run();
         sync(device);
     }
-    let view = tracker.view(device);
+    let observation = Observation::open(true).unwrap();
+    step.run();
+    sync(device);
+    let process = events(observation.tracker());
+    drop(observation);
+    (events(&tracker), process)
+}
+
+/// The variants of one step, alternating round by round: ratios to plain,
+/// and what each costs per allocator event.
+fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
+    // Warm-up: optimizer state, workspaces, the unwinder's module list.
+    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
+    for variant in variants {
+        time_variant(step, device, variant, 3);
+    }
+    // Rounds of about 0.3 s per variant: enough steps to average over, few
+    // enough that a slow step (the CPU's LSTM) does not take minutes.
+    let estimate = time_variant(step, device, Variant::Plain, 3);
+    let steps_per_round = ((0.3 / estimate).round() as usize).max(3).min(scale.steps_per_round);
+    let (events, process_events) = events_per_step(step, device);
+    let mut plain_times = Vec::new();
+    let mut ratios: [Vec<f64>; 3] = Default::default();
+    let mut per_event_ns: [Vec<f64>; 3] = Default::default();
+    for round in 0..scale.rounds {
+        let mut times = [0.0; 4];
+        for k in 0..variants.len() {
+            // Rotate the order every round so drift hits every variant alike.
+            let index = (k + round) % variants.len();
+            times[index] = time_variant(step, device, variants[index], steps_per_round);
+        }
+        plain_times.push(times[0]);
+        for v in 1..variants.len() {
+            ratios[v - 1].push(times[v] / times[0]);
+            per_event_ns[v - 1].push((times[v] - times[0]) * 1e9 / events.max(1) as f64);
+        }
+    }
     // How well the unwinder's rule cache serves one step with attribution.
     let before = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
-    time_variant(&mut step, device, Variant::Attribution, 1);
+    time_variant(step, device, Variant::Attribution, 1);
     let after = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
     let (hits, collisions, other) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
     let (plain, _, _) = summary(&mut plain_times);
-    println!("### One training step on {device:?}\n");
+    println!("### {} on {device:?}\n", step.describe());
     println!(
-        "{} rounds of {} steps per variant, variants alternating; plain step {:.3} ms (median); {} allocations and {} frees per step on the device.\n",
+        "{} rounds of {} steps per variant, variants alternating; plain step {:.3} ms (median); {events} allocator events \
+         per step (allocations and frees) on the step's threads, {process_events} in the whole process; libtorch intra-op threads: {}.\n",
         scale.rounds,
-        scale.steps_per_round,
+        steps_per_round,
         plain * 1e3,
-        view.allocations,
-        view.frees
+        tch::get_num_threads(),
     );
     println!(
         "Unwinder rule cache over one step with attribution, on the test's thread: {hits} hits, {collisions} misses from slot collisions, {other} other misses.\n"
     );
-    println!("| variant | ratio to plain: median | min | max |\n| --- | --- | --- | --- |");
-    println!("| plain (no hook) | 1.000 | | |");
+    println!("| variant | ratio to plain: median | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- |");
+    println!("| plain (no hook) | 1.000 | | | |");
     let names = [
         "passing leak test, thread scope (hook, counting)",
         "passing leak test, process scope (every thread, counting)",
         "attribution forced on (stack per allocation)",
     ];
-    for (name, r) in names.into_iter().zip(ratios.iter_mut()) {
+    for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (median, min, max) = summary(r);
-        println!("| {name} | {median:.3} | {min:.3} | {max:.3} |");
+        let (ns, _, _) = summary(ns);
+        println!("| {name} | {median:.3} | {min:.3} | {max:.3} | {ns:.0} ns |");
     }
     println!();
+}
+
+/// Nanoseconds per allocator event in a loop that does nothing else: an
+/// empty one-element tensor made and dropped (one allocation, one free),
+/// plain and under each variant, and the tracker's callback fed directly
+/// (its map update, locking and counters, without libtorch).
+fn event_costs(device: Device, scale: &Scale) {
+    const TENSORS: usize = 20_000;
+    let options = (Kind::Float, device);
+    let churn = || {
+        for _ in 0..TENSORS {
+            drop(std::hint::black_box(Tensor::empty([1], options)));
+        }
+    };
+    let time = |variant: Variant| -> f64 {
+        let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
+        let tracker = Tracker::new();
+        let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
+        if variant == Variant::Attribution {
+            tracker.start_recording(1);
+        }
+        let start = Instant::now();
+        gpu_leak_test::internals::probe::stacks::stop_walks_here(churn);
+        let ns = start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64;
+        drop(hook);
+        drop(observation);
+        ns
+    };
+    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
+    for variant in variants {
+        time(variant);
+    }
+    let mut added: [Vec<f64>; 3] = Default::default();
+    let mut plain = Vec::new();
+    for round in 0..scale.rounds {
+        let mut ns = [0.0; 4];
+        for k in 0..variants.len() {
+            let index = (k + round) % variants.len();
+            ns[index] = time(variants[index]);
+        }
+        plain.push(ns[0]);
+        for v in 1..4 {
+            added[v - 1].push(ns[v] - ns[0]);
+        }
+    }
+    // The callback alone: alloc and free of distinct addresses, as the
+    // allocator hands them out.
+    let tracker = Tracker::new();
+    let mut fed = Vec::new();
+    for _ in 0..scale.rounds {
+        let start = Instant::now();
+        for i in 0..TENSORS {
+            let address = 0x7f00_0000_0000 + (i % 512) * 512;
+            tracker.feed(address, 512, device);
+            tracker.feed(address, -512, device);
+        }
+        fed.push(start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64);
+    }
+    let (plain, _, _) = summary(&mut plain);
+    let (fed, _, _) = summary(&mut fed);
+    println!("#### Cost per allocator event on {device:?}, in isolation\n");
+    println!(
+        "{} rounds of {TENSORS} empty one-element tensors made and dropped (an allocation and a free each), variants alternating; \
+         plain: {plain:.0} ns per event (median).\n",
+        scale.rounds
+    );
+    println!("| what | ns per event (median) |\n| --- | --- |");
+    println!("| the tracker's callback alone (map update, lock, counters; fed directly) | {fed:.0} |");
+    let names = [
+        "thread scope: libtorch's hook dispatch and the callback",
+        "process scope: the counting CPU allocator or the CUDA trace tracker, and the callback",
+        "attribution: the above in thread scope, plus a stack per allocation",
+    ];
+    for (name, ns) in names.into_iter().zip(added.iter_mut()) {
+        let (ns, _, _) = summary(ns);
+        println!("| {name} | {ns:.0} |");
+    }
+    println!();
+}
+
+/// The allocation-heavy step. On the CPU with one intra-op thread: the
+/// cell's matrices are small, and a pool of threads waking for each of
+/// them makes rounds differ by more than the harness costs.
+fn heavy_step_overhead(device: Device, scale: &Scale) {
+    let threads = tch::get_num_threads();
+    if device == Device::Cpu {
+        tch::set_num_threads(1);
+    }
+    step_overhead(&mut LstmStep::new(device), device, scale);
+    event_costs(device, scale);
+    tch::set_num_threads(threads);
 }
 
 #[inline(never)]
@@ -380,8 +583,44 @@ fn false_alarms(device: &str, runs: usize) -> (usize, usize) {
     (alarms, per_thread * threads)
 }
 
+/// Writing one report's files (JSON, page, index row) into a folder that
+/// already holds 10 reports, and into one that holds many: the index must
+/// cost the same. 200 writes each (20 tests, 10 runs), compactions included.
+fn index_cost(scale: &Scale) {
+    use gpu_leak_test::report::files::write_report;
+    let template = LeakTest::new("template").device("cpu").scope("thread").run(|_| {}).unwrap();
+    println!("### Writing a report into a folder of earlier reports\n");
+    println!("| earlier reports in the folder | ms per report written (mean of 200) | index.rows after |\n| --- | --- | --- |");
+    for old in [10, scale.old_reports] {
+        let dir = std::env::temp_dir().join(format!("gpu-leak-test-bench-index-{old}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut report = template.clone();
+        for i in 0..old {
+            report.test = format!("earlier::test_{i}");
+            write_report(&report, &dir, gpu_leak_test::config::Plots::None).unwrap();
+        }
+        let start = Instant::now();
+        for i in 0..200 {
+            report.test = format!("suite::test_{}", i % 20);
+            write_report(&report, &dir, gpu_leak_test::config::Plots::None).unwrap();
+        }
+        let ms = start.elapsed().as_secs_f64() * 1e3 / 200.0;
+        let rows = std::fs::metadata(dir.join("index.rows")).map(|m| m.len()).unwrap_or(0);
+        println!("| {old} | {ms:.2} | {} KiB |", rows / 1024);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    println!();
+}
+
+/// The sections, in the order they print;/// The sections, in the order they print; `overhead --bench heavy step`
+/// runs only the ones named.
+const SECTIONS: &[&str] = &["step", "heavy", "events", "capture", "index", "sensitivity", "false-alarms", "shapes"];
+
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let full = args.iter().any(|a| a == "--bench");
+    let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
+    let wanted = |section: &str| named.is_empty() || named.contains(&section);
     let scale = if full { &FULL } else { &SMOKE };
     let has_cuda = cuda::is_available();
     println!("## gpu-leak-test overhead and sensitivity\n");
@@ -394,38 +633,65 @@ fn main() {
     if has_cuda {
         devices.push(Device::Cuda(0));
     }
-    for &device in &devices {
-        step_overhead(device, scale);
-    }
-    capture_cost(scale);
-    println!("### Smallest leak flagged (threshold 0, sweep from one element, doubling)\n");
-    println!("| device | smallest leak flagged | as measured |\n| --- | --- | --- |");
-    sensitivity(Device::Cpu, "cpu");
-    if has_cuda {
-        sensitivity(Device::Cuda(0), "cuda");
-    }
-    println!("\n### False alarms on a varied clean scenario\n");
-    println!("Shapes change every iteration, a buffer is replaced every iteration, some iterations work on a helper thread, four leak tests run at once, and a thread allocates without the hook all along.\n");
-    println!("| device | runs | false alarms |\n| --- | --- | --- |");
-    for device in if has_cuda { vec!["cpu", "cuda"] } else { vec!["cpu"] } {
-        let (alarms, runs) = false_alarms(device, scale.false_alarm_runs);
-        println!("| {device} | {runs} | {alarms} |");
-        assert!(full || alarms == 0, "false alarms in the smoke run");
-    }
-    println!("\n### Bounded shapes and periodic leaks (warm-up {SHAPE_WARMUP}, window {SHAPE_WINDOW}, threshold 0)\n");
-    println!(
-        "Plateaus settle at a random measured iteration within the window; sawtooths have periods 2 to {} in a random phase; \
-         leaks keep a random-sized tensor every k-th iteration in a random phase.\n",
-        SHAPE_WINDOW + 1
-    );
-    println!("| device | shapes | runs | wrong verdicts |\n| --- | --- | --- | --- |");
-    for device in if has_cuda { vec!["cpu", "cuda"] } else { vec!["cpu"] } {
-        let (alarms, runs) = bounded_shape_alarms(device, scale.false_alarm_runs);
-        println!("| {device} | plateaus and sawtooths (false alarms) | {runs} | {alarms} |");
-        assert!(full || alarms == 0, "false alarms on bounded shapes in the smoke run");
-        for (k, misses, runs) in periodic_leak_misses(device, scale.false_alarm_runs) {
-            println!("| {device} | leak every {k} iteration{} (misses) | {runs} | {misses} |", if k == 1 { "" } else { "s" });
-            assert!(full || misses == 0, "missed leaks in the smoke run");
+    if wanted("step") {
+        for &device in &devices {
+            step_overhead(&mut MlpStep::new(device), device, scale);
         }
+    }
+    if wanted("heavy") {
+        for &device in &devices {
+            heavy_step_overhead(device, scale);
+        }
+    }
+    if wanted("events") && !wanted("heavy") {
+        for &device in &devices {
+            event_costs(device, scale);
+        }
+    }
+    if wanted("capture") {
+        capture_cost(scale);
+    }
+    if wanted("index") {
+        index_cost(scale);
+    }
+    if wanted("sensitivity") {
+        println!("### Smallest leak flagged (threshold 0, sweep from one element, doubling)\n");
+        println!("| device | smallest leak flagged | as measured |\n| --- | --- | --- |");
+        sensitivity(Device::Cpu, "cpu");
+        if has_cuda {
+            sensitivity(Device::Cuda(0), "cuda");
+        }
+        println!();
+    }
+    let names = if has_cuda { vec!["cpu", "cuda"] } else { vec!["cpu"] };
+    if wanted("false-alarms") {
+        println!("### False alarms on a varied clean scenario\n");
+        println!("Shapes change every iteration, a buffer is replaced every iteration, some iterations work on a helper thread, four leak tests run at once, and a thread allocates without the hook all along.\n");
+        println!("| device | runs | false alarms |\n| --- | --- | --- |");
+        for &device in &names {
+            let (alarms, runs) = false_alarms(device, scale.false_alarm_runs);
+            println!("| {device} | {runs} | {alarms} |");
+            assert!(full || alarms == 0, "false alarms in the smoke run");
+        }
+        println!();
+    }
+    if wanted("shapes") {
+        println!("### Bounded shapes and periodic leaks (warm-up {SHAPE_WARMUP}, window {SHAPE_WINDOW}, threshold 0)\n");
+        println!(
+            "Plateaus settle at a random measured iteration within the window; sawtooths have periods 2 to {} in a random phase; \
+             leaks keep a random-sized tensor every k-th iteration in a random phase.\n",
+            SHAPE_WINDOW + 1
+        );
+        println!("| device | shapes | runs | wrong verdicts |\n| --- | --- | --- | --- |");
+        for &device in &names {
+            let (alarms, runs) = bounded_shape_alarms(device, scale.false_alarm_runs);
+            println!("| {device} | plateaus and sawtooths (false alarms) | {runs} | {alarms} |");
+            assert!(full || alarms == 0, "false alarms on bounded shapes in the smoke run");
+            for (k, misses, runs) in periodic_leak_misses(device, scale.false_alarm_runs) {
+                println!("| {device} | leak every {k} iteration{} (misses) | {runs} | {misses} |", if k == 1 { "" } else { "s" });
+                assert!(full || misses == 0, "missed leaks in the smoke run");
+            }
+        }
+        println!();
     }
 }

@@ -3,10 +3,13 @@
 # harness's overhead and sensitivity (CPU, and CUDA where present), then the
 # PyTorch anchor where CUDA is present. Prints Markdown.
 #
-#   scripts/bench.sh            build and run here
-#   scripts/bench.sh --gpu DIR  build here into DIR/ (bench binary, anchor,
-#                               runner script) to run on a GPU machine with
-#                               DIR/bench-run.sh
+#   scripts/bench.sh [SECTION...]   build and run here (every section, or
+#                                   the ones named: step heavy events
+#                                   capture index sensitivity false-alarms
+#                                   shapes)
+#   scripts/bench.sh --gpu DIR      build here into DIR/ (bench binary,
+#                                   anchor, runner script) to run on a GPU
+#                                   machine with DIR/bench-run.sh [SECTION...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -27,14 +30,14 @@ if [ "${1:-}" = "--gpu" ]; then
 set -euo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-"$dir/overhead" --bench
+"$dir/overhead" --bench "$@"
 python3 "$dir/pytorch_step.py"
 RUN
     chmod +x "$dir/bench-run.sh"
     echo "built $dir/overhead; run $dir/bench-run.sh on the GPU machine" >&2
     exit 0
 fi
-"$binary" --bench
+"$binary" --bench "$@"
 if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     python3 benches/anchors/pytorch_step.py
 else
