@@ -35,7 +35,8 @@ fn loaded_modules() -> Vec<Module> {
             bytes => PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(bytes)),
         };
         let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-        let mut mapped = u64::MAX..0;
+        // Empty until the loaded segments below widen it.
+        let mut mapped = Range { start: u64::MAX, end: 0 };
         for header in headers.iter().filter(|h| h.p_type == libc::PT_LOAD) {
             let start = info.dlpi_addr + header.p_vaddr;
             mapped = mapped.start.min(start)..mapped.end.max(start + header.p_memsz);
