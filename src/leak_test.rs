@@ -3,11 +3,11 @@
 use crate::config::{self, Options, Settings};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::protocol::Started;
 use crate::report::Report;
 use crate::verdict::Verdict;
 use std::io::Write;
 use std::path::PathBuf;
-use crate::protocol::Started;
 use std::time::Instant;
 use tch::Device;
 

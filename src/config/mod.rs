@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 pub const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
 
 /// A file each leak test appends one JSON line to: its wall time and where
-/// it went (body, waiting, prewarm, sampling, attribution, report writing).
+/// it went (body, waiting, prewarm and CUDA's start-up in it, sampling,
+/// attribution, report writing).
 /// For measuring the harness over a suite (`scripts/harness-time.sh`).
 pub const TIMINGS_VAR: &str = "GPU_LEAK_TEST_TIMINGS";
 

@@ -26,13 +26,15 @@ struct Module {
 /// The loaded objects, from the dynamic loader's list. The main program
 /// has no name there; `/proc/self/exe` is its file.
 fn loaded_modules() -> Vec<Module> {
+    // SAFETY (the body): the loader passes a valid `dl_phdr_info` whose name
+    // and program headers live for the call, and `data` is the Vec below.
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
         let modules = &mut *(data as *mut Vec<Module>);
         let info = &*info;
         let name = if info.dlpi_name.is_null() { c"" } else { std::ffi::CStr::from_ptr(info.dlpi_name) };
         let path = match name.to_bytes() {
             b"" => PathBuf::from("/proc/self/exe"),
-            bytes => PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked(bytes)),
+            bytes => PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)),
         };
         let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
         // Empty until the loaded segments below widen it.

@@ -156,8 +156,8 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
 
 /// Appends one line to `file` (GPU_LEAK_TEST_TIMINGS): the test's wall
 /// time from the start of `check*` to its files written (`total`), and where
-/// it went. `other` is the rest: settings, locks released, verdicts, the
-/// report built. One `write` to a file opened for appending, so lines from
+/// it went. `other` is the rest: verdicts, building the report, releasing
+/// the locks. One `write` to a file opened for appending, so lines from
 /// tests finishing together in several processes do not interleave.
 pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::time::Duration, total: std::time::Duration) {
     let time = &report.harness_time;
