@@ -5,6 +5,8 @@ pub mod cuda;
 mod ffi;
 pub mod hook;
 pub mod host;
+#[cfg(target_os = "linux")]
+mod objects;
 pub mod process;
 pub mod stacks;
 #[cfg(target_os = "linux")]

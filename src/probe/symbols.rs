@@ -11,48 +11,7 @@
 //! crate, the shim) still go through `backtrace`, for `file:line`.
 use std::collections::HashMap;
 use std::fs::File;
-use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-
-/// One loaded ELF object: where it lies in memory, and its file.
-struct Module {
-    path: PathBuf,
-    /// The load bias: a symbol's address in memory is `base + st_value`.
-    base: u64,
-    mapped: Range<u64>,
-}
-
-/// The loaded objects, from the dynamic loader's list. The main program
-/// has no name there; `/proc/self/exe` is its file.
-fn loaded_modules() -> Vec<Module> {
-    // SAFETY (the body): the loader passes a valid `dl_phdr_info` whose name
-    // and program headers live for the call, and `data` is the Vec below.
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
-        let modules = &mut *(data as *mut Vec<Module>);
-        let info = &*info;
-        let name = if info.dlpi_name.is_null() { c"" } else { std::ffi::CStr::from_ptr(info.dlpi_name) };
-        let path = match name.to_bytes() {
-            b"" => PathBuf::from("/proc/self/exe"),
-            bytes => PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)),
-        };
-        let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-        // Empty until the loaded segments below widen it.
-        let mut mapped = Range { start: u64::MAX, end: 0 };
-        for header in headers.iter().filter(|h| h.p_type == libc::PT_LOAD) {
-            let start = info.dlpi_addr + header.p_vaddr;
-            mapped = mapped.start.min(start)..mapped.end.max(start + header.p_memsz);
-        }
-        if mapped.start < mapped.end {
-            modules.push(Module { path, base: info.dlpi_addr, mapped });
-        }
-        0
-    }
-    let mut modules = Vec::new();
-    // SAFETY: the callback only reads what the loader hands it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut modules as *mut Vec<Module> as *mut libc::c_void) };
-    modules
-}
 
 /// One section header, the fields used here.
 struct Section {
@@ -207,7 +166,7 @@ fn demangle(raw: &[u8]) -> String {
 /// (`None` where no symbol does). Addresses in libraries with line tables,
 /// or in no library, are left out: `backtrace` resolves those.
 pub(crate) fn names_in_libraries_without_line_tables(addresses: &[usize]) -> HashMap<usize, Option<String>> {
-    let modules = loaded_modules();
+    let (modules, _) = super::objects::loaded_objects();
     let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
     for &address in addresses {
         if let Some(index) = modules.iter().position(|m| m.mapped.contains(&(address as u64))) {
@@ -217,7 +176,7 @@ pub(crate) fn names_in_libraries_without_line_tables(addresses: &[usize]) -> Has
     let mut names = HashMap::new();
     for (index, mut wanted) in by_module {
         let module = &modules[index];
-        let Some(elf) = Elf::open(&module.path) else { continue };
+        let Some(elf) = Elf::open(module.file()) else { continue };
         if elf.has_line_tables() {
             continue;
         }

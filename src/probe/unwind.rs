@@ -21,15 +21,6 @@ struct Loaded {
 
 static LOADED: RwLock<Option<Loaded>> = RwLock::new(None);
 
-/// One loaded ELF object, read from the program headers.
-struct Object {
-    name: String,
-    base: u64,
-    mapped: Range<u64>,
-    text: Option<Range<u64>>,
-    eh_frame_hdr: Option<Range<u64>>,
-}
-
 /// # Safety
 /// The slice must lie in memory that stays mapped (a loaded module's
 /// segments; modules are not unloaded while tests run).
@@ -59,51 +50,8 @@ fn eh_frame_start(hdr: &[u8], hdr_address: u64) -> Option<u64> {
     }
 }
 
-fn loaded_objects() -> (Vec<Object>, u64) {
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
-        let found = &mut *(data as *mut (Vec<Object>, u64));
-        let info = &*info;
-        found.1 = info.dlpi_adds;
-        let base = info.dlpi_addr;
-        let headers = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-        let mut object = Object {
-            name: if info.dlpi_name.is_null() {
-                String::new()
-            } else {
-                std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
-            },
-            base,
-            // Empty until the loaded segments below widen it.
-            mapped: std::ops::Range { start: u64::MAX, end: 0 },
-            text: None,
-            eh_frame_hdr: None,
-        };
-        for h in headers {
-            let range = base + h.p_vaddr..base + h.p_vaddr + h.p_memsz;
-            match h.p_type {
-                libc::PT_LOAD => {
-                    object.mapped = object.mapped.start.min(range.start)..object.mapped.end.max(range.end);
-                    if h.p_flags & libc::PF_X != 0 {
-                        object.text = Some(range);
-                    }
-                }
-                libc::PT_GNU_EH_FRAME => object.eh_frame_hdr = Some(range),
-                _ => {}
-            }
-        }
-        if object.mapped.start < object.mapped.end {
-            found.0.push(object);
-        }
-        0
-    }
-    let mut found: (Vec<Object>, u64) = (Vec::new(), 0);
-    // SAFETY: the callback only reads what libc hands it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut found as *mut _ as *mut libc::c_void) };
-    found
-}
-
 fn build() -> Loaded {
-    let (objects, loads) = loaded_objects();
+    let (objects, loads) = super::objects::loaded_objects();
     let mut walker = Walker::new();
     for object in objects {
         let Some(hdr_range) = object.eh_frame_hdr.clone() else { continue };
@@ -128,7 +76,7 @@ fn build() -> Loaded {
             eh_frame_hdr: Some(hdr),
             ..Default::default()
         };
-        walker.add_module(Module::new(object.name, object.mapped.clone(), object.base, info));
+        walker.add_module(Module::new(object.name.to_string_lossy().into_owned(), object.mapped.clone(), object.base, info));
     }
     Loaded { walker: Arc::new(walker), loads }
 }
