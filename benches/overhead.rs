@@ -173,28 +173,33 @@ enum Variant {
     Attribution,
 }
 
-/// Seconds per step for `steps` steps of one variant.
-fn time_variant(step: &mut dyn TrainingStep, device: Device, variant: Variant, steps: usize) -> f64 {
+/// Runs `f` under `variant`, as a leak test would run its body: the sources
+/// of the variant installed, and stack walks ending at this frame.
+fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
     let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
     if variant == Variant::Attribution {
         tracker.start_recording(1);
     }
-    sync(device);
-    let start = Instant::now();
-    // As inside a leak test: stack walks end at the harness's frame.
-    gpu_leak_test::internals::probe::stacks::stop_walks_here(|| {
-        for _ in 0..steps {
-            step.run();
-        }
-    });
-    sync(device);
-    let elapsed = start.elapsed().as_secs_f64() / steps as f64;
+    let value = gpu_leak_test::internals::probe::stacks::stop_walks_here(f);
     tracker.stop_recording();
     drop(hook);
     drop(observation);
-    elapsed
+    value
+}
+
+/// Seconds per step for `steps` steps of one variant.
+fn time_variant(step: &mut dyn TrainingStep, device: Device, variant: Variant, steps: usize) -> f64 {
+    under_variant(variant, || {
+        sync(device);
+        let start = Instant::now();
+        for _ in 0..steps {
+            step.run();
+        }
+        sync(device);
+        start.elapsed().as_secs_f64() / steps as f64
+    })
 }
 
 fn summary(values: &mut [f64]) -> (f64, f64, f64) {
@@ -301,18 +306,11 @@ fn event_costs(device: Device, scale: &Scale) {
         }
     };
     let time = |variant: Variant| -> f64 {
-        let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
-        let tracker = Tracker::new();
-        let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
-        if variant == Variant::Attribution {
-            tracker.start_recording(1);
-        }
-        let start = Instant::now();
-        gpu_leak_test::internals::probe::stacks::stop_walks_here(churn);
-        let ns = start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64;
-        drop(hook);
-        drop(observation);
-        ns
+        under_variant(variant, || {
+            let start = Instant::now();
+            churn();
+            start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64
+        })
     };
     let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
     for variant in variants {
