@@ -125,6 +125,12 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// Appends `text` to `path` (created if missing) in one `write`: lines
+/// appended by several processes at once do not interleave.
+pub(crate) fn append(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
+}
+
 /// Writes the JSON report, the plot when `plots` asks for one, and the
 /// refreshed index. Errors say which file and why.
 pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
@@ -157,8 +163,7 @@ pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportF
 /// Appends one line to `file` (GPU_LEAK_TEST_TIMINGS): the test's wall
 /// time from the start of `check*` to its files written (`total`), and where
 /// it went. `other` is the rest: verdicts, building the report, releasing
-/// the locks. One `write` to a file opened for appending, so lines from
-/// tests finishing together in several processes do not interleave.
+/// the locks, in one [`append`].
 pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::time::Duration, total: std::time::Duration) {
     let time = &report.harness_time;
     let parts = [time.body, time.waiting, time.prewarm, time.sampling, time.attribution, report_writing];
@@ -180,8 +185,7 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
     })
     .to_string()
         + "\n";
-    let written = std::fs::OpenOptions::new().create(true).append(true).open(file).and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(why) = written {
+    if let Err(why) = append(file, &line) {
         eprintln!("gpu-leak-test: warning: cannot append to {} ({why}); set {} to a writable file", file.display(), crate::config::TIMINGS_VAR);
     }
 }

@@ -12,7 +12,7 @@
 use super::format::{device_name, escape_markup as escape};
 use super::Report;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// What the index shows of one report: one line of `index.rows`.
@@ -58,6 +58,21 @@ impl IndexRow {
             plot: plot.map(str::to_string),
             run: run_id(),
             written_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        }
+    }
+
+    /// The verdict as the page shows it (`peak over budget`).
+    fn verdict_label(&self) -> String {
+        self.verdict.replace('_', " ")
+    }
+
+    /// What the run's counts group it under: its verdict, marked where
+    /// `#[should_panic]` expected the failure.
+    fn count_key(&self) -> String {
+        if self.expected_failure {
+            format!("{} (expected)", self.verdict_label())
+        } else {
+            self.verdict_label()
         }
     }
 }
@@ -118,12 +133,7 @@ pub const COMPACTION_SLACK: u64 = 64 * 1024;
 const PAGE_MARK: &str = "<!-- gpu-leak-test index 2; rows compacted at ";
 
 fn append(path: &Path, text: &str) -> Result<(), String> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut file| file.write_all(text.as_bytes()))
-        .map_err(|e| format!("cannot append to {}: {e}", path.display()))
+    super::files::append(path, text).map_err(|e| format!("cannot append to {}: {e}", path.display()))
 }
 
 /// The rows size recorded in the page's mark, where the page is of this
@@ -235,9 +245,9 @@ pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String
 /// marks them stale once a newer run appends).
 fn row_html(r: &IndexRow, current: bool) -> String {
     let (class, verdict) = match (r.passed, r.expected_failure) {
-        (false, true) => ("expected", format!("{} (expected by #[should_panic])", r.verdict.replace('_', " "))),
-        (false, false) => ("fail", r.verdict.replace('_', " ")),
-        (true, _) => ("pass", r.verdict.replace('_', " ")),
+        (false, true) => ("expected", format!("{} (expected by #[should_panic])", r.verdict_label())),
+        (false, false) => ("fail", r.verdict_label()),
+        (true, _) => ("pass", r.verdict_label()),
     };
     let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
     format!(
@@ -246,7 +256,7 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         escape(&r.stem),
         escape(&r.run),
         r.written_at,
-        escape(&if r.expected_failure { format!("{} (expected)", r.verdict) } else { r.verdict.clone() }.replace('_', " ")),
+        escape(&r.count_key()),
         u8::from(!r.passed && !r.expected_failure),
         escape(&r.stem),
         escape(&r.test),
@@ -307,8 +317,7 @@ fn render(rows: &[IndexRow], run: &str, rows_size: u64) -> String {
     });
     let mut counts: BTreeMap<String, usize> = Default::default();
     for r in rows.iter().filter(|r| current(r)) {
-        let key = if r.expected_failure { format!("{} (expected)", r.verdict) } else { r.verdict.clone() };
-        *counts.entry(key.replace('_', " ")).or_default() += 1;
+        *counts.entry(r.count_key()).or_default() += 1;
     }
     let latest = rows.iter().filter(|r| current(r)).map(|r| r.written_at).max().unwrap_or(0);
     let counts: Vec<String> = counts.iter().map(|(verdict, n)| format!("{n} {verdict}")).collect();
