@@ -3,7 +3,9 @@
 use crate::config::{self, Options, Settings};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::isolation::{self, ChildOutcome};
 use crate::protocol::Started;
+use crate::scope::Runner;
 use crate::report::Report;
 use crate::verdict::Verdict;
 use std::io::Write;
@@ -42,6 +44,9 @@ pub struct LeakTest {
     require_cuda: bool,
     /// Made by [`LeakTest::for_test_function`], as the attribute does.
     test_function: bool,
+    /// The test's name as libtest runs it (its thread's name), where this
+    /// check is the whole test: it can then run in a process of its own.
+    libtest_name: Option<String>,
     pub(crate) expected_failure: bool,
 }
 
@@ -55,23 +60,33 @@ impl LeakTest {
             options: Options::default(),
             require_cuda: false,
             test_function: false,
+            libtest_name: None,
             expected_failure: false,
         }
     }
 
-    /// A leak test for the test function `name` in `module` (what the
-    /// attribute passes: `stringify!(name)`, `module_path!()`). It is named
-    /// as the test harness names it: libtest names each test's thread after
-    /// the test (rstest cases included), else the module path is used.
+    /// A leak test that is the whole of the test function `name` in
+    /// `module` (what the attribute passes: `stringify!(name)`,
+    /// `module_path!()`). It is named as the test harness names it: libtest
+    /// names each test's thread after the test (rstest cases included), else
+    /// the module path is used.
+    ///
+    /// Under `cargo test` (libtest, any number of test threads) its `check*`
+    /// re-runs this one test in a process of its own, as cargo nextest runs
+    /// every test, so every thread it starts is counted and nothing another
+    /// test does is (see the README, "One verdict under every runner").
+    /// That is why it must be the whole test: the child runs the whole
+    /// function again.
     pub fn for_test_function(name: &str, module: &str) -> Self {
-        let display = match std::thread::current().name() {
-            Some(thread) if thread.contains(name) => thread.to_string(),
-            _ => match module.split_once("::").map(|(_, rest)| rest).unwrap_or("") {
+        let thread = std::thread::current().name().filter(|thread| thread.contains(name)).map(str::to_string);
+        let display = match &thread {
+            Some(thread) => thread.clone(),
+            None => match module.split_once("::").map(|(_, rest)| rest).unwrap_or("") {
                 "" => name.to_string(),
                 module => format!("{module}::{name}"),
             },
         };
-        LeakTest { test_function: true, ..Self::new(display) }
+        LeakTest { test_function: true, libtest_name: thread, ..Self::new(display) }
     }
 
     /// Sets every option given in `options` (an attribute's values, say);
@@ -225,7 +240,13 @@ impl LeakTest {
         let started = Started::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
-        let Some((settings, device)) = test.resolve_or_skip() else { return };
+        if test.ran_in_a_child() {
+            return;
+        }
+        let Some((settings, device)) = test.resolve_or_skip() else {
+            isolation::finish_child(&ChildOutcome::Passed);
+            return;
+        };
         let report = test.measure_setup_form(&settings, device, started, setup);
         conclude(report, &settings, started);
     }
@@ -237,7 +258,13 @@ impl LeakTest {
         let started = Started::now();
         let test = self.located_at_caller();
         test.refuse_a_second_registration();
-        let Some((settings, device)) = test.resolve_or_skip() else { return Ok(()) };
+        if test.ran_in_a_child() {
+            return Ok(());
+        }
+        let Some((settings, device)) = test.resolve_or_skip() else {
+            isolation::finish_child(&ChildOutcome::Passed);
+            return Ok(());
+        };
         let mut first_error = None;
         let first_error_slot = &mut first_error;
         let report = crate::protocol::measure(&test, &settings, device, started, |device| {
@@ -253,10 +280,34 @@ impl LeakTest {
             let mut report = report;
             write_files_timed(&mut report, &settings, started);
             notice(&report.to_string());
+            isolation::finish_child(&ChildOutcome::Failed(format!("the test returned an error: {error:?}")));
             return Err(error);
         }
         conclude(report, &settings, started);
         Ok(())
+    }
+
+    /// Where this check moves into a process of its own (see
+    /// [`LeakTest::for_test_function`]): runs it there, relays its output
+    /// and returns true, or panics with its report where it failed. False
+    /// where the check runs here.
+    #[track_caller]
+    fn ran_in_a_child(&self) -> bool {
+        // Settings only: resolving the device here would start CUDA in a
+        // process that measures nothing. A settings error shows up below.
+        let Ok(settings) = self.settings() else { return false };
+        let thread_scope = settings.scope == crate::scope::Scope::Thread;
+        let Some(name) = isolation::child_test_name(self.libtest_name.as_deref(), Runner::detect(), thread_scope) else {
+            return false;
+        };
+        match isolation::run_in_child(&name) {
+            Ok(Some(ChildOutcome::Passed)) => true,
+            Ok(Some(ChildOutcome::Failed(report))) => panic!("{report}"),
+            // Not a libtest test of this binary after all (a custom
+            // harness, a thread named like the test): run it here.
+            Ok(None) => false,
+            Err(why) => panic!("{}: {why}", self.name),
+        }
     }
 
     /// `#[test]` or `#[rstest]` written above `#[gpu_leak_test]` registers
@@ -370,6 +421,7 @@ fn write_files_timed(report: &mut Report, settings: &Settings, started: Started)
 fn conclude(mut report: Report, settings: &Settings, started: Started) {
     write_files_timed(&mut report, settings, started);
     if !report.passed() {
+        isolation::finish_child(&ChildOutcome::Failed(report.to_string()));
         panic!("{report}");
     }
     // Passing tests say one line (shown with --nocapture or on failure),
@@ -378,4 +430,5 @@ fn conclude(mut report: Report, settings: &Settings, started: Started) {
     for hint in &report.hints {
         println!("  hint: {hint}");
     }
+    isolation::finish_child(&ChildOutcome::Passed);
 }

@@ -8,6 +8,7 @@
 
 pub mod config;
 mod error;
+mod isolation;
 mod leak_test;
 mod protocol;
 mod refs;
@@ -25,7 +26,7 @@ pub use leak_test::{cuda_device_or_skip, LeakTest};
 pub use refs::{watch, GraphRetention, Reference, TensorRefs};
 pub use report::{DeviceResult, MemoryViews, Report};
 pub use tch;
-pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard};
+pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard, ThreadLeftRunning};
 pub use verdict::{Leak, Phase, RetainedDuring, Verdict};
 
 /// The measurement machinery: memory sources, stack capture, attribution.

@@ -85,6 +85,9 @@ where
     };
     run.time.waiting = waiting;
     run.time.prewarm = started.elapsed().saturating_sub(waiting);
+    // In process scope every thread is counted, so the threads the test
+    // starts and leaves running can be named with what they hold.
+    run.threads_at_start = scope.is_process().then(crate::threads::alive);
     let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
     let current = threads.set_current();
     let outcome = run.measure(setup);
@@ -149,6 +152,8 @@ struct Run<'a> {
     attribution_stopped: Option<Verdict>,
     /// Where the time went so far.
     time: HarnessTime,
+    /// The process's threads when the body first ran (process scope).
+    threads_at_start: Option<std::collections::BTreeSet<u32>>,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -211,6 +216,7 @@ impl<'a> Run<'a> {
             notes: Vec::new(),
             attribution_stopped: None,
             time: HarnessTime::default(),
+            threads_at_start: None,
         }
     }
 
@@ -479,6 +485,8 @@ impl<'a> Run<'a> {
         for (sample, levels) in samples.iter_mut().zip(&self.levels) {
             sample.live_bytes = levels[chosen];
         }
+        let threads_left_running =
+            self.threads_at_start.as_ref().map(|at_start| crate::threads::left_running(at_start, &self.tracker)).unwrap_or_default();
         let view = self.tracker.view(self.device);
         let iterations_run = samples.iter().filter(|s| s.phase != Phase::Setup).count().max(1) as f64;
         let mut report = Report {
@@ -512,6 +520,7 @@ impl<'a> Run<'a> {
             hints: Vec::new(),
             notes: self.notes,
             host_heap_growth_per_iteration: host_heap_growth,
+            threads_left_running,
             elapsed: Duration::ZERO,
             harness_time: self.time,
             verdict: self.verdicts[chosen].clone(),

@@ -11,8 +11,10 @@
 //!   allocator and the CUDA allocator's trace tracker. Process-scope tests run
 //!   one at a time among leak tests.
 //! - `auto` (default): `process` where each test has a process of its own
-//!   (cargo nextest) or libtest runs one test at a time, `thread` under
-//!   `cargo test`'s parallel threads.
+//!   (cargo nextest, and the child process the attribute's check runs in
+//!   under `cargo test`: see `isolation.rs`) or libtest runs one test at a
+//!   time; `thread` for a hand-written check under `cargo test`'s parallel
+//!   threads.
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -107,3 +107,45 @@ impl TestThreads {
         })
     }
 }
+
+/// A thread that started during a leak test, was still running when the
+/// test ended, and holds memory it allocated: the test's own finding (a
+/// test owns the threads it starts, as goleak has it for goroutines).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct ThreadLeftRunning {
+    /// The operating system's name of the thread (at most 15 bytes).
+    pub name: String,
+    /// Its id, as `/proc/self/task` lists it.
+    pub tid: u32,
+    /// Bytes it allocated during the test that were still alive at its end.
+    pub live_bytes: u64,
+    /// Blocks behind those bytes.
+    pub live_blocks: u64,
+}
+
+/// The ids of the process's threads now; empty where `/proc` is missing.
+pub(crate) fn alive() -> std::collections::BTreeSet<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Default::default() };
+    tasks.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// Threads alive now that were not at `started`, holding memory the
+/// tracker saw them allocate; biggest first.
+pub(crate) fn left_running(started: &std::collections::BTreeSet<u32>, tracker: &Tracker) -> Vec<ThreadLeftRunning> {
+    let new: Vec<u32> = alive().into_iter().filter(|tid| !started.contains(tid)).collect();
+    if new.is_empty() {
+        return Vec::new();
+    }
+    let live = tracker.live_by_thread();
+    let mut left: Vec<ThreadLeftRunning> = new
+        .into_iter()
+        .filter_map(|tid| {
+            let &(live_bytes, live_blocks) = live.get(&tid)?;
+            let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?.trim_end().to_string();
+            Some(ThreadLeftRunning { name, tid, live_bytes, live_blocks })
+        })
+        .collect();
+    left.sort_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.tid.cmp(&b.tid)));
+    left
+}

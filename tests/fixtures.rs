@@ -22,6 +22,10 @@ const SOURCE: &str = "tests/fixtures.rs";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Scenario {
+    /// `fixtures/scenarios/<file>.yaml:<line>`, where the scenario begins:
+    /// the location its report names (set by `load`).
+    #[serde(skip)]
+    location: String,
     description: String,
     /// `cpu`, `cuda`, or `each` (the CPU, and CUDA where present).
     #[serde(default = "each")]
@@ -184,7 +188,7 @@ fn mlp(vs: &nn::VarStore, sizes: &[i64]) -> nn::Sequential {
 
 /// Runs one scenario on one device through the harness.
 fn run(scenario: &Scenario, name: &str, device: &str, sites: &Sites) -> Result<Report, String> {
-    let mut test = LeakTest::new(name).device(device).location(format!("{SOURCE}:{}", line!()), env!("CARGO_MANIFEST_DIR"));
+    let mut test = LeakTest::new(name).device(device).location(&scenario.location, common::manifest_dir());
     let s = &scenario.settings;
     if let Some(v) = s.warmup {
         test = test.warmup(v);
@@ -268,6 +272,9 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
     let sites = Sites::default();
     let report = run(scenario, name, device, &sites)?;
     println!("{}\n  ({})\n{report}\n", name, scenario.description);
+    if report.location.as_deref() != Some(scenario.location.as_str()) {
+        return Err(format!("the report names {:?}, not the scenario's file {}\n{report}", report.location, scenario.location));
+    }
     let expected = scenario.expect.verdict.on(report.device);
     let found = report.verdict.label();
     if found != expected {
@@ -298,7 +305,7 @@ fn load(path: &Path) -> Result<Scenario, String> {
     let root = common::manifest_dir();
     let display = path.strip_prefix(&root).unwrap_or(path).display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: cannot read: {e}"))?;
-    let scenario: Scenario = serde_yaml::from_str(&text).map_err(|e| match e.location() {
+    let mut scenario: Scenario = serde_yaml::from_str(&text).map_err(|e| match e.location() {
         Some(at) => {
             // serde_yaml ends its message with the location we put in front.
             let message = e.to_string();
@@ -325,6 +332,8 @@ fn load(path: &Path) -> Result<Scenario, String> {
     if !["cpu", "cuda", "each"].contains(&scenario.device.as_str()) {
         return Err(format!("{display}: device: {:?} is not cpu, cuda or each", scenario.device));
     }
+    let first = text.lines().position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).unwrap_or(0);
+    scenario.location = format!("{display}:{}", first + 1);
     Ok(scenario)
 }
 

@@ -101,13 +101,17 @@ mod snapshots {
 
     fn check(name: &str, attr: &str, item: &str) {
         let actual = format!("// #[gpu_leak_test({attr})]\n// {item}\n{}", expand_source(attr, item));
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshots").join(format!("{name}.rs"));
+        // The run-time CARGO_MANIFEST_DIR: cargo sets it, and nextest remaps
+        // it where an archive runs from a checkout the build never saw.
+        let root = std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo and nextest set CARGO_MANIFEST_DIR");
+        let path = std::path::Path::new(&root).join("snapshots").join(format!("{name}.rs"));
         if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, &actual).unwrap();
             return;
         }
-        let expected = std::fs::read_to_string(&path).unwrap_or_default();
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; create it with UPDATE_SNAPSHOTS=1 and review it", path.display()));
         assert_eq!(actual, expected, "{} changed; rerun with UPDATE_SNAPSHOTS=1 and review the diff", path.display());
     }
 

@@ -139,6 +139,23 @@ fn thread_token() -> usize {
     THREAD_TOKEN.with(|token| token as *const u8 as usize)
 }
 
+/// The operating system's id of the current thread (what `/proc/self/task`
+/// lists), asked once per thread.
+pub(crate) fn current_tid() -> u32 {
+    thread_local! {
+        static TID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let ask = || unsafe { libc::gettid() } as u32;
+    TID.try_with(|tid| {
+        if tid.get() == 0 {
+            tid.set(ask());
+        }
+        tid.get()
+    })
+    .unwrap_or_else(|_| ask())
+}
+
 /// The current thread's name: Rust's (full length), else the one the
 /// operating system keeps (C++ threads such as autograd's name themselves).
 /// Read once per thread: asking the kernel is a system call, and during
@@ -165,6 +182,8 @@ fn current_thread_name() -> Option<Arc<str>> {
 struct Block {
     bytes: u64,
     slot: usize,
+    /// The allocating thread's id, for naming threads a test leaves running.
+    tid: u32,
     /// Present for blocks allocated while recording was on.
     recorded: Option<Box<LiveAllocation>>,
 }
@@ -225,8 +244,9 @@ impl TrackerState {
                 stack: Stack::capture(self.max_frames),
             })
         });
+        let tid = current_tid();
         let mut counts = lock(&self.counts);
-        let replaced = counts.blocks.insert(address, Block { bytes, slot, recorded });
+        let replaced = counts.blocks.insert(address, Block { bytes, slot, tid, recorded });
         if let Some(old) = replaced {
             // The address is in use again, so its old block was freed where
             // the hook could not see it (a thread without the hook).
@@ -402,6 +422,17 @@ impl Tracker {
             *by_stack.entry((format!("{:?}", recorded.device), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
         }
         by_stack
+    }
+
+    /// Live bytes and blocks per allocating thread id, over every device.
+    pub fn live_by_thread(&self) -> HashMap<u32, (u64, u64)> {
+        let mut by_thread: HashMap<u32, (u64, u64)> = HashMap::new();
+        for block in lock(&self.state.counts).blocks.values() {
+            let entry = by_thread.entry(block.tid).or_default();
+            entry.0 += block.bytes;
+            entry.1 += 1;
+        }
+        by_thread
     }
 
     /// Forgets every block (counts stay): for a tracker no longer fed.

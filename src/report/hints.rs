@@ -66,6 +66,18 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
             ));
         }
     }
+    for thread in &report.threads_left_running {
+        hints.push(format!(
+            "thread `{}` (id {}) started during this test and was still running at its end, holding {} in {} \
+             block{} it allocated: a test owns the threads it starts. Join it (or stop its pool) before the test \
+             returns; left running, it would keep allocating into whatever ran next in this process.",
+            thread.name,
+            thread.tid,
+            super::bytes(thread.live_bytes),
+            thread.live_blocks,
+            if thread.live_blocks == 1 { "" } else { "s" }
+        ));
+    }
     if let Some(rate) = report.host_heap_growth_per_iteration {
         hints.push(format!(
             "tensor bytes stayed flat, but the host heap grew {} per iteration: something on the host piles up. \

@@ -256,6 +256,10 @@ pub struct Report {
     /// passed: a graph or a Rust collection kept across iterations.
     #[serde(default)]
     pub host_heap_growth_per_iteration: Option<f64>,
+    /// Threads the test started that were still running at its end, holding
+    /// memory they allocated during it (process scope, which sees them).
+    #[serde(default)]
+    pub threads_left_running: Vec<crate::threads::ThreadLeftRunning>,
     /// The test's wall time.
     pub elapsed: Duration,
     /// Where that time went: the body, and the harness's own parts.

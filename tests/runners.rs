@@ -1,0 +1,188 @@
+//! One verdict under every runner: the leak tests in `shapes` keep tensors
+//! made on threads they start (a std::thread, a rayon pool, a tokio
+//! runtime's worker, a long-lived worker behind a channel), pass clean next
+//! to them, or leave a thread running. The test below runs them as `cargo
+//! test` does (parallel threads), with `--test-threads=1`, and as cargo
+//! nextest does (a process per test), and checks that each gets the same
+//! verdict and the same first line of its report, naming the line and the
+//! thread. The shapes are `#[ignore]`d: they fail on purpose, and only the
+//! runs below start them.
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+mod shapes {
+    use gpu_leak_test::gpu_leak_test;
+    use std::sync::mpsc;
+    use tch::{Device, Kind, Tensor};
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "fails on purpose; run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn keeps_a_tensor_from_a_std_thread(device: Device) -> impl FnMut() {
+        let mut kept = Vec::new();
+        move || {
+            let loader = std::thread::Builder::new().name("loader".into());
+            let made = loader.spawn(move || Tensor::zeros([300], (Kind::Float, device))).unwrap(); // site: loader
+            kept.push(made.join().unwrap());
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "fails on purpose; run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn keeps_a_tensor_from_a_rayon_pool(device: Device) -> impl FnMut() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).thread_name(|i| format!("pool-{i}")).build().unwrap();
+        let mut kept = Vec::new();
+        move || kept.push(pool.install(|| Tensor::zeros([300], (Kind::Float, device)))) // site: rayon
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "fails on purpose; run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn keeps_a_result_from_a_tokio_worker(device: Device) -> impl FnMut() {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("tokio-worker").build().unwrap();
+        let mut kept = Vec::new();
+        move || {
+            let task = runtime.spawn(async move { Tensor::zeros([300], (Kind::Float, device)) }); // site: tokio
+            kept.push(runtime.block_on(task).unwrap());
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "fails on purpose; run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn keeps_what_a_long_lived_worker_sends(device: Device) -> impl FnMut() {
+        let (requests, inbox) = mpsc::channel::<()>();
+        let (outbox, replies) = mpsc::channel::<Tensor>();
+        std::thread::Builder::new()
+            .name("batcher".into())
+            .spawn(move || {
+                for () in inbox {
+                    let batch = Tensor::zeros([300], (Kind::Float, device)); // site: batcher
+                    if outbox.send(batch).is_err() {
+                        break;
+                    }
+                }
+            })
+            .unwrap();
+        let mut never_drained = Vec::new();
+        move || {
+            requests.send(()).unwrap();
+            never_drained.push(replies.recv().unwrap());
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn clean_next_to_the_others(device: Device) {
+        let sum = std::thread::spawn(move || Tensor::ones([300], (Kind::Float, device)).sum(Kind::Float).double_value(&[]));
+        assert_eq!(sum.join().unwrap(), 300.0);
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn leaves_a_thread_running(device: Device) -> impl FnMut() {
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            let (ready, wait) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("sleeper".into())
+                .spawn(move || {
+                    let held = Tensor::zeros([1000], (Kind::Float, device));
+                    ready.send(()).unwrap();
+                    loop {
+                        std::thread::park();
+                        let _ = held.size();
+                    }
+                })
+                .unwrap();
+            wait.recv().unwrap();
+        });
+        || {}
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by every_runner_gives_the_same_verdict_and_first_line"]
+    fn runs_after_a_thread_was_left_running(device: Device) {
+        let _ = Tensor::ones([64], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
+    }
+}
+
+/// What each shape must get: a leak naming its line and thread, or a pass.
+const EXPECTED: &[(&str, Option<(&str, &str)>)] = &[
+    ("keeps_a_tensor_from_a_std_thread", Some(("loader", "loader"))),
+    ("keeps_a_tensor_from_a_rayon_pool", Some(("rayon", "pool-"))),
+    ("keeps_a_result_from_a_tokio_worker", Some(("tokio", "tokio-worker"))),
+    ("keeps_what_a_long_lived_worker_sends", Some(("batcher", "batcher"))),
+    ("clean_next_to_the_others", None),
+    ("leaves_a_thread_running", None),
+    ("runs_after_a_thread_was_left_running", None),
+];
+
+/// The test binary run with `args`, as a runner outside nextest runs it
+/// (the environment nextest sets for this test is removed).
+fn run_binary(args: &[&str], nextest: bool) -> String {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(args).env_remove("NEXTEST").env_remove("NEXTEST_EXECUTION_MODE").env_remove("RUST_TEST_THREADS");
+    if nextest {
+        command.env("NEXTEST", "1").env("NEXTEST_EXECUTION_MODE", "process-per-test");
+    }
+    let output = command.output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// Each shape's outcome in one run's output: the first line of its report
+/// where it failed, else "passed".
+fn outcomes(output: &str) -> BTreeMap<&'static str, String> {
+    EXPECTED
+        .iter()
+        .map(|&(name, _)| {
+            let headline = format!("LEAK in `shapes::{name}`");
+            let first = output.lines().find(|line| line.contains(&headline)).map(str::to_string);
+            // With --nocapture the test's own output can come between
+            // libtest's "test NAME ... " and its "ok".
+            let ran = output.lines().any(|line| line.starts_with(&format!("test shapes::{name} ... ")));
+            let listed_as_failed = output.lines().any(|line| line == format!("    shapes::{name}"));
+            let passed = ran && !listed_as_failed;
+            (name, first.unwrap_or_else(|| if passed { "passed".into() } else { format!("neither passed nor leaked:\n{output}") }))
+        })
+        .collect()
+}
+
+#[test]
+fn every_runner_gives_the_same_verdict_and_first_line() {
+    let source = std::fs::read_to_string(common::manifest_dir().join("tests/runners.rs")).unwrap();
+    let line_of = |mark: &str| {
+        let needle = format!("// site: {mark}");
+        source.lines().position(|line| line.trim_end().ends_with(&needle)).map(|i| i + 1).unwrap()
+    };
+    let parallel = run_binary(&["shapes::", "--ignored", "--test-threads=4", "--nocapture"], false);
+    let one_thread = run_binary(&["shapes::", "--ignored", "--test-threads=1", "--nocapture"], false);
+    let mut per_process = String::new();
+    for &(name, _) in EXPECTED {
+        let full = format!("shapes::{name}");
+        per_process += &run_binary(&[&full, "--exact", "--ignored", "--nocapture"], true);
+    }
+    let runs = [("cargo test", &parallel), ("--test-threads=1", &one_thread), ("nextest's way", &per_process)];
+    let first = outcomes(&parallel);
+    for &(name, expected) in EXPECTED {
+        let outcome = &first[name];
+        match expected {
+            Some((mark, thread)) => {
+                assert!(outcome.contains("LEAK in"), "{name} under cargo test: {outcome}\n{parallel}");
+                let site = format!("tests/runners.rs:{}", line_of(mark));
+                let report = parallel.split(&format!("LEAK in `shapes::{name}`")).nth(1).unwrap();
+                let report = report.split("LEAK in `").next().unwrap();
+                assert!(report.contains(&site), "{name}: the report does not name {site}:\n{report}");
+                assert!(report.contains(&format!("on thread `{thread}")), "{name}: no thread `{thread}`:\n{report}");
+            }
+            None => assert_eq!(outcome, "passed", "{name} under cargo test:\n{parallel}"),
+        }
+    }
+    for (runner, output) in runs {
+        assert_eq!(outcomes(output), first, "{runner} gives other verdicts than cargo test's threads:\n{output}");
+        assert!(
+            output.contains("thread `sleeper` (id") && output.contains("started during this test and was still running"),
+            "{runner}: the thread left running is not named:\n{output}"
+        );
+    }
+}
