@@ -204,6 +204,19 @@ char* glt_cuda_clear_cublas_workspaces(int* available) {
   });
 }
 
+// *name is the CUDA allocator backend's own name ("native",
+// "cudaMallocAsync"), or null where this build has no CUDA headers.
+char* glt_cuda_allocator_backend(char** name) {
+  return guarded([&] {
+    *name = nullptr;
+#ifdef GLT_CUDA_TRACE
+    auto* allocator =
+        static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(cuda_allocator());
+    *name = copy_string(allocator->name());
+#endif
+  });
+}
+
 // ---- The per-thread allocation hook -------------------------------------
 
 // Called for every allocation (size > 0) and free (size < 0) reported to the

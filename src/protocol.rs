@@ -5,6 +5,7 @@ use crate::config::Settings;
 use crate::device;
 use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
+use crate::probe::sources::{self, Source};
 use crate::probe::{Snapshot, Tracker};
 use crate::report::{DeviceResult, HarnessTime, MemoryViews, Report, RunSettings, Sample};
 use crate::scope::{ResolvedScope, Runner};
@@ -63,7 +64,7 @@ where
     let (tracker, global) = match (scope, &observation) {
         (ResolvedScope::Process { .. }, Ok(observation)) => (observation.tracker().clone(), None),
         (ResolvedScope::Process { .. }, Err(e)) => {
-            let run = Run::new(test, settings, device, scope, Tracker::new(), None);
+            let run = Run::new(test, settings, device, scope, Tracker::new(), None, &Coverage::default());
             let message = format!("process scope is not available here: {e}; use scope = \"thread\"");
             return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
         }
@@ -71,8 +72,8 @@ where
         (ResolvedScope::Thread, Err(_)) => (Tracker::new(), None),
     };
     let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
-    let mut run = Run::new(test, settings, device, scope, tracker.clone(), global);
-    run.notes = coverage_notes(scope, &coverage, &run.devices);
+    let mut run = Run::new(test, settings, device, scope, tracker.clone(), global, &coverage);
+    run.notes = coverage_notes(scope, &coverage, &run.devices, &run.sources);
     let hook = match scope {
         ResolvedScope::Thread => match tracker.enter() {
             Ok(hook) => Some(hook),
@@ -83,6 +84,21 @@ where
         },
         ResolvedScope::Process { .. } => None,
     };
+    // No verdict from a blind source: the CPU's, and the body's device's,
+    // must see a canary first (see probe::sources).
+    for (index, &on) in run.devices.iter().enumerate() {
+        if on != Device::Cpu && on != device {
+            continue;
+        }
+        let source = run.sources[index];
+        if let Err(reason) = sources::prove(source, on, &run.tracker, &coverage) {
+            let layer = Source::layer(on).to_string();
+            let blind = Verdict::CannotMeasure { layer, source: source.name().to_string(), reason };
+            drop(hook);
+            return run.stop_on(index, blind, started);
+        }
+    }
+    run.start = run.levels_now();
     run.time.waiting = waiting;
     run.time.prewarm = started.elapsed().saturating_sub(waiting);
     // In process scope every thread is counted, so the threads the test
@@ -100,7 +116,7 @@ where
 }
 
 /// What the report says about the scope and what it could see.
-fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device]) -> Vec<String> {
+fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device], sources: &[Source]) -> Vec<String> {
     let mut notes = Vec::new();
     if let ResolvedScope::Process { alongside_other_tests: true } = scope {
         notes.push(
@@ -114,8 +130,14 @@ fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device])
         if !coverage.cpu {
             notes.push("the counting CPU allocator could not be installed: host memory was not counted".into());
         }
-        if let (Err(why), true) = (&coverage.cuda, devices.iter().any(|d| d.is_cuda())) {
-            notes.push(format!("CUDA allocations were not counted in process scope: {why}"));
+        for (device, source) in devices.iter().zip(sources) {
+            if let (Source::CudaStatistics, Err(why)) = (source, &coverage.cuda) {
+                notes.push(format!(
+                    "{} was counted from the CUDA allocator's statistics (exact bytes for the whole process): its \
+                     trace tracker could not attach ({why}), so no sites can be named there",
+                    crate::report::device_name(*device)
+                ));
+            }
         }
     }
     notes
@@ -133,6 +155,8 @@ struct Run<'a> {
     global: Option<Tracker>,
     /// The devices whose memory is followed: the CPU and every CUDA device.
     devices: Vec<Device>,
+    /// What counts each of them.
+    sources: Vec<Source>,
     /// Live bytes per device before setup.
     start: Vec<i64>,
     samples: Vec<Sample>,
@@ -192,9 +216,11 @@ impl<'a> Run<'a> {
         scope: ResolvedScope,
         tracker: Tracker,
         global: Option<Tracker>,
+        coverage: &Coverage,
     ) -> Run<'a> {
         let devices = followed_devices(device);
-        let start = devices.iter().map(|&d| tracker.live_bytes(d)).collect();
+        let sources: Vec<Source> = devices.iter().map(|&d| sources::choose(d, scope.is_process(), coverage)).collect();
+        let start = devices.iter().zip(&sources).map(|(&d, &source)| sources::level(source, d, &tracker)).collect();
         Run {
             test,
             settings,
@@ -203,6 +229,7 @@ impl<'a> Run<'a> {
             tracker,
             global,
             devices,
+            sources,
             start,
             samples: Vec::new(),
             levels: Vec::new(),
@@ -224,12 +251,18 @@ impl<'a> Run<'a> {
         let started = Instant::now();
         let snapshot = Snapshot::take(self.device, &self.tracker);
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
-        self.levels.push(self.devices.iter().map(|&d| self.tracker.live_bytes(d)).collect());
+        let levels = self.levels_now();
+        self.levels.push(levels);
         if let Some(global) = &self.global {
             self.global_levels.push(self.devices.iter().map(|&d| global.live_bytes(d)).collect());
         }
         self.time.sampling += started.elapsed();
         snapshot
+    }
+
+    /// Each followed device's live bytes now, as its source counts them.
+    fn levels_now(&self) -> Vec<i64> {
+        self.devices.iter().zip(&self.sources).map(|(&d, &source)| sources::level(source, d, &self.tracker)).collect()
     }
 
     /// Every view of the body's device now, timed as sampling.
@@ -270,7 +303,10 @@ impl<'a> Run<'a> {
         (0..self.devices.len())
             .filter(|&i| {
                 let view = self.tracker.view(self.devices[i]);
-                self.devices[i] == self.device || view.allocations + view.frees > 0
+                // Statistics give no events: a level that moved is the sign.
+                let moved = self.sources[i] == Source::CudaStatistics && self.levels.iter().any(|l| l[i] != self.start[i]);
+                let failed = self.verdicts.get(i).is_some_and(Verdict::is_failure);
+                self.devices[i] == self.device || view.allocations + view.frees > 0 || moved || failed
             })
             .collect()
     }
@@ -329,7 +365,7 @@ impl<'a> Run<'a> {
         }
         self.after = Some(self.snapshot_now());
         let body = self.devices.iter().position(|&d| d == self.device).expect("the body's device is followed");
-        self.peak_bytes = self.tracker.view(self.device).peak_bytes - self.start[body];
+        self.peak_bytes = sources::peak(self.sources[body], self.device, &self.tracker) - self.start[body];
         let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
         self.verdicts = (0..self.devices.len())
             .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
@@ -385,7 +421,10 @@ impl<'a> Run<'a> {
             let on = self.devices[d];
             let suppressed = attribution.apply_suppressions(on, &settings.suppressions);
             let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(device, _)| *device == on).map(|(_, l)| l.clone()).collect();
-            let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
+            // A source without sites (the allocator's statistics) gives no
+            // evidence that state was replaced: the leak stands.
+            let replaced = self.sources[d].attributable()
+                && verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
             self.verdicts[d] = verdict::after_attribution(leak, replaced, suppressed, threshold);
         }
         Ok(())
@@ -432,10 +471,15 @@ impl<'a> Run<'a> {
     }
 
     /// A run stopped by a panic, an error or a failed start.
-    fn stop(mut self, verdict: Verdict, started: Started) -> Report {
+    fn stop(self, verdict: Verdict, started: Started) -> Report {
         let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
+        self.stop_on(body, verdict, started)
+    }
+
+    /// A run stopped before its body ran, by a verdict about one device.
+    fn stop_on(mut self, index: usize, verdict: Verdict, started: Started) -> Report {
         self.verdicts = vec![Verdict::Clean; self.devices.len()];
-        self.verdicts[body] = verdict;
+        self.verdicts[index] = verdict;
         self.finish(started)
     }
 
@@ -466,6 +510,7 @@ impl<'a> Run<'a> {
                     .and_then(|(counted, global)| verdict::unexplained_growth(&counted, &global, settings.iterations));
                 DeviceResult {
                     device: self.devices[d],
+                    source: self.sources[d].name().to_string(),
                     verdict: self.verdicts.get(d).cloned().unwrap_or(Verdict::Clean),
                     levels: self.levels.iter().map(|l| l[d]).collect(),
                     unexplained_bytes_per_iteration: unexplained,
@@ -506,7 +551,11 @@ impl<'a> Run<'a> {
             setup_bytes: series.after_setup - series.start,
             warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
             // A run stopped early has not stored its peak yet.
-            peak_bytes: if self.peak_bytes != 0 { self.peak_bytes } else { view.peak_bytes - self.start[body] },
+            peak_bytes: if self.peak_bytes != 0 {
+                self.peak_bytes
+            } else {
+                sources::peak(self.sources[body], self.device, &self.tracker) - self.start[body]
+            },
             samples,
             before: self.before.as_ref().map(MemoryViews::from_snapshot),
             after: self.after.as_ref().map(MemoryViews::from_snapshot),

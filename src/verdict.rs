@@ -261,11 +261,17 @@ pub enum Verdict {
     /// The body returned an error.
     #[serde(rename = "error")]
     BodyError { phase: Phase, iteration: u32, message: String },
+    /// The source for this device did not see a canary allocation before the
+    /// body ran: nothing it counted could back a verdict, so the test fails
+    /// instead of passing blind. `layer` is the memory, `source` what was to
+    /// count it, `reason` why it could not and what to do.
+    CannotMeasure { layer: String, source: String, reason: String },
 }
 
 impl Verdict {
-    /// The verdicts that fail a test: a leak, a peak over budget, and a body
-    /// that panicked, ran out of memory or returned an error.
+    /// The verdicts that fail a test: a leak, a peak over budget, a body
+    /// that panicked, ran out of memory or returned an error, and a device
+    /// that could not be measured.
     pub fn is_failure(&self) -> bool {
         !matches!(
             self,
@@ -292,6 +298,7 @@ impl Verdict {
             Verdict::Panicked { .. } => "panicked",
             Verdict::OutOfMemory { .. } => "out_of_memory",
             Verdict::BodyError { .. } => "error",
+            Verdict::CannotMeasure { .. } => "cannot_measure",
         }
     }
 }

@@ -220,6 +220,16 @@ pub fn allocator_stats(index: usize) -> Result<AllocatorStats> {
     })
 }
 
+/// The CUDA allocator backend libtorch runs with, by its own name:
+/// `native` (also with `expandable_segments`) or `cudaMallocAsync`.
+pub fn allocator_backend() -> Result<String> {
+    check_any()?;
+    let mut name: *mut c_char = std::ptr::null_mut();
+    // SAFETY: plain out-parameter; the shim hands over a malloc'd string.
+    ffi::check("glt_cuda_allocator_backend", unsafe { ffi::glt_cuda_allocator_backend(&mut name) })?;
+    Ok(ffi::take_string(name).unwrap_or_else(|| "unknown (this build has no CUDA headers)".into()))
+}
+
 /// Returns cached blocks that no tensor uses to the driver
 /// (`torch.cuda.empty_cache()`): reserved drops, allocated does not.
 pub fn empty_cache() -> Result<()> {

@@ -231,6 +231,9 @@ impl TrackerState {
 
     fn on_allocation(&self, address: usize, bytes: u64, device_type: i32, device_index: i32) {
         let slot = slot_of_raw(device_type, device_index);
+        if super::sources::slot_switched_off(slot) {
+            return;
+        }
         let other_thread = thread_token() != self.owner_token;
         // Capture outside the lock: it is the slow part.
         let recorded = self.recording.load(Relaxed).then(|| {

@@ -8,6 +8,7 @@ pub mod host;
 #[cfg(target_os = "linux")]
 mod objects;
 pub mod process;
+pub mod sources;
 pub mod stacks;
 #[cfg(target_os = "linux")]
 mod symbols;

@@ -141,6 +141,11 @@ pub struct DeviceResult {
     /// The device judged.
     #[serde(with = "device_serde")]
     pub device: Device,
+    /// What counted it (`the counting CPU allocator`, `the CUDA caching
+    /// allocator's trace`, ...), after a canary allocation proved that it
+    /// sees there.
+    #[serde(default)]
+    pub source: String,
     /// Its own verdict.
     pub verdict: Verdict,
     /// Live bytes after each sample, aligned with [`Report::samples`].

@@ -27,6 +27,7 @@ fn headline(report: &Report) -> String {
         Verdict::Panicked { .. } => "PANICKED".to_string(),
         Verdict::OutOfMemory { .. } => "OUT OF MEMORY".to_string(),
         Verdict::BodyError { .. } => "ERROR".to_string(),
+        Verdict::CannotMeasure { .. } => "CANNOT MEASURE".to_string(),
     };
     let location = report.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
     let body = if report.verdict_device != report.device {
@@ -190,6 +191,15 @@ fn verdict_lines(report: &Report, out: &mut String) {
             for line in without_cpp_frames(message).lines() {
                 let _ = writeln!(out, "    | {line}");
             }
+        }
+        Verdict::CannotMeasure { layer, source, reason } => {
+            let _ = writeln!(
+                out,
+                "  Nothing was measured: {} cannot count {layer} on {} here, so no verdict could back a pass.",
+                source,
+                device_name(report.verdict_device)
+            );
+            let _ = writeln!(out, "  Before the body ran, {reason}.");
         }
     }
 }
@@ -436,13 +446,16 @@ impl fmt::Display for Report {
                 let (first, last) = measured_span(self, &d.levels);
                 let _ = writeln!(
                     out,
-                    "    {:<8} {:<20} {:>26} over the measured iterations{}",
+                    "    {:<8} {:<20} {:>26} over the measured iterations, counted by {}{}",
                     device_name(d.device),
                     d.verdict.label(),
                     signed_bytes(last - first),
+                    d.source,
                     if d.device == self.verdict_device { "  <- this verdict" } else { "" }
                 );
             }
+        } else if let Some(d) = self.devices.first() {
+            let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", device_name(d.device), d.source, self.scope);
         }
         for note in &self.notes {
             let _ = writeln!(out, "\n  Note: {note}");

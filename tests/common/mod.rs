@@ -13,9 +13,11 @@ pub fn manifest_dir() -> std::path::PathBuf {
 }
 
 /// What the hook reports for an allocation of `bytes`: exact on the CPU,
-/// rounded up to the caching allocator's 512-byte blocks on CUDA.
+/// rounded up to the caching allocator's 512-byte blocks on CUDA (exact
+/// again under `backend:cudaMallocAsync`, whose statistics count requests).
 pub fn allocated_size(device: &str, bytes: u64) -> u64 {
-    if device.starts_with("cuda") {
+    let backend = || gpu_leak_test::internals::probe::cuda::allocator_backend().unwrap_or_default();
+    if device.starts_with("cuda") && backend() != "cudaMallocAsync" {
         bytes.div_ceil(512) * 512
     } else {
         bytes

@@ -1,0 +1,41 @@
+//! No verdict from a blind source: where the source that counts a device
+//! does not see a canary allocation, the test fails as "cannot measure",
+//! naming the device, the layer and why; it never passes clean. Its own
+//! binary, since switching a source off is process-wide.
+use gpu_leak_test::internals::probe::sources::switch_off;
+use gpu_leak_test::{LeakTest, Verdict};
+use tch::{Device, Kind, Tensor};
+
+#[test]
+fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
+    switch_off(Device::Cpu, true);
+    let mut kept = Vec::new();
+    for scope in ["thread", "process"] {
+        let report = LeakTest::new("blind")
+            .device("cpu")
+            .scope(scope)
+            .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
+            .unwrap();
+        let Verdict::CannotMeasure { layer, source, reason } = &report.verdict else {
+            panic!("a blind source gave a verdict ({scope} scope):\n{report}")
+        };
+        assert!(!report.passed() && kept.is_empty(), "the body must not run blind:\n{report}");
+        assert_eq!(report.verdict_device, Device::Cpu);
+        assert!(layer.contains("host memory") && reason.contains("canary") && reason.contains("switched off"), "{report}");
+        let expected = if scope == "thread" { "per-thread allocation hook" } else { "counting CPU allocator" };
+        assert!(source.contains(expected), "{scope}: {source}");
+        let text = report.to_string();
+        assert!(text.starts_with("gpu-leak-test: CANNOT MEASURE in `blind`"), "{text}");
+        assert!(text.contains("Nothing was measured"), "{text}");
+    }
+    // Sighted again, the same body is judged, and the report says what counted.
+    switch_off(Device::Cpu, false);
+    let report = LeakTest::new("sighted")
+        .device("cpu")
+        .scope("process")
+        .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
+        .unwrap();
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    assert_eq!(report.devices[0].source, "the counting CPU allocator", "{report}");
+    assert!(report.to_string().contains("counted by the counting CPU allocator") || report.to_string().contains("Counted on cpu by the counting CPU allocator"), "{report}");
+}
