@@ -18,7 +18,11 @@ repack=$(mktemp -d)
 trap 'rm -rf "$repack"' EXIT
 tar --zstd -xf "$out/tests.tar.zst" -C "$repack"
 find "$repack/target" -path '*/build/*/out/*' \( -name '*.a' -o -name '*.o' -o -name 'flag_check*' \) -delete
-(cd "$repack" && tar -I "zstd -19 -T0" -cf - *) >"$out/tests.tar.zst"
-cp "$(command -v cargo-nextest)" "$out/"
+# Long-distance matching finds what the test binaries share (std, tch,
+# this crate): half the size. A 128 MiB window (--long=27) is the most any
+# zstd decoder, nextest's included, accepts without being told.
+(cd "$repack" && tar -I "zstd -19 --long=27 -T0" -cf - *) >"$out/tests.tar.zst"
+# A runner without xz can still take the plain binary; gpu-run.sh unpacks it.
+xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"
 cp scripts/gpu-run.sh "$out/"
 ls -la "$out"

@@ -11,6 +11,12 @@
 set -euo pipefail
 dir=${1:-.gpu}
 shift || true
+if [ ! -x "$dir/cargo-nextest" ] && [ -f "$dir/cargo-nextest.xz" ]; then
+    # Python's lzma where the runner has no xz.
+    { xz -dc "$dir/cargo-nextest.xz" 2>/dev/null ||
+        python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$dir/cargo-nextest.xz"; } \
+        >"$dir/cargo-nextest" && chmod +x "$dir/cargo-nextest"
+fi
 torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GPU_LEAK_TEST_REQUIRE_CUDA=${GPU_LEAK_TEST_REQUIRE_CUDA:-1}

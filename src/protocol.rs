@@ -249,7 +249,7 @@ impl<'a> Run<'a> {
 
     fn sample(&mut self, phase: Phase, iteration: u32) -> Snapshot {
         let started = Instant::now();
-        let snapshot = Snapshot::take(self.device, &self.tracker);
+        let snapshot = self.take_snapshot();
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
         let levels = self.levels_now();
         self.levels.push(levels);
@@ -265,10 +265,24 @@ impl<'a> Run<'a> {
         self.devices.iter().zip(&self.sources).map(|(&d, &source)| sources::level(source, d, &self.tracker)).collect()
     }
 
+    /// Every view of the body's device, its exact count as its source
+    /// counts it (the allocator's statistics, where they are the source).
+    fn take_snapshot(&self) -> Snapshot {
+        let mut snapshot = Snapshot::take(self.device, &self.tracker);
+        if let Some(body) = self.devices.iter().position(|&d| d == self.device) {
+            let source = self.sources[body];
+            if !source.attributable() {
+                snapshot.hook.live_bytes = sources::level(source, self.device, &self.tracker);
+                snapshot.hook.peak_bytes = sources::peak(source, self.device, &self.tracker);
+            }
+        }
+        snapshot
+    }
+
     /// Every view of the body's device now, timed as sampling.
     fn snapshot_now(&mut self) -> Snapshot {
         let started = Instant::now();
-        let snapshot = Snapshot::take(self.device, &self.tracker);
+        let snapshot = self.take_snapshot();
         self.time.sampling += started.elapsed();
         snapshot
     }
@@ -421,10 +435,26 @@ impl<'a> Run<'a> {
             let on = self.devices[d];
             let suppressed = attribution.apply_suppressions(on, &settings.suppressions);
             let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(device, _)| *device == on).map(|(_, l)| l.clone()).collect();
-            // A source without sites (the allocator's statistics) gives no
-            // evidence that state was replaced: the leak stands.
-            let replaced = self.sources[d].attributable()
-                && verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
+            let source = self.sources[d];
+            if !source.attributable() && leak.drift.is_none() {
+                // Growth with no exact pattern is judged by the sites that
+                // grow, and this source names none: neither a pass nor a leak
+                // can be backed.
+                self.verdicts[d] = Verdict::CannotMeasure {
+                    layer: Source::layer(on).to_string(),
+                    source: source.name().to_string(),
+                    reason: format!(
+                        "the levels grew {} per iteration with no exact pattern (sizes that vary), and {} names no \
+                         allocation sites, so state replaced every iteration cannot be told from a leak. Run this \
+                         test with the native allocator backend (no backend:cudaMallocAsync in \
+                         PYTORCH_CUDA_ALLOC_CONF) to decide it",
+                        crate::report::bytes(leak.bytes_per_iteration.round().max(0.0) as u64),
+                        source.name()
+                    ),
+                };
+                continue;
+            }
+            let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
             self.verdicts[d] = verdict::after_attribution(leak, replaced, suppressed, threshold);
         }
         Ok(())

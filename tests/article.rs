@@ -41,6 +41,9 @@ fn show(report: &Report) {
 fn assert_leak(report: &Report, site: &str, bytes_per_iteration: u64) {
     let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
     assert_eq!(leak.bytes_per_iteration, bytes_per_iteration as f64, "bytes per iteration\n{report}");
+    if !common::sites_can_be_named(report) {
+        return;
+    }
     let top = report.top_site().unwrap_or_else(|| panic!("no allocation site:\n{report}"));
     // Allocations inside a helper (`input()`) are named at the helper and
     // at the line that called it.

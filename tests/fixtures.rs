@@ -188,7 +188,9 @@ fn mlp(vs: &nn::VarStore, sizes: &[i64]) -> nn::Sequential {
 
 /// Runs one scenario on one device through the harness.
 fn run(scenario: &Scenario, name: &str, device: &str, sites: &Sites) -> Result<Report, String> {
-    let mut test = LeakTest::new(name).device(device).location(&scenario.location, common::manifest_dir());
+    // The build-time root: attribution shows the binary's (build-time) file
+    // paths relative to it.
+    let mut test = LeakTest::new(name).device(device).location(&scenario.location, env!("CARGO_MANIFEST_DIR"));
     let s = &scenario.settings;
     if let Some(v) = s.warmup {
         test = test.warmup(v);

@@ -136,13 +136,14 @@ pub(crate) fn prove(source: Source, device: Device, tracker: &Tracker, coverage:
 fn blind_reason(source: Source, device: Device, coverage: &Coverage) -> String {
     if is_switched_off(device) {
         return format!(
-            "a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}: the source was switched off \
-             for a test (gpu_leak_test::internals::probe::sources::switch_off)",
+            "before the body ran, a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}: the source \
+             was switched off for a test (gpu_leak_test::internals::probe::sources::switch_off)",
             source.name()
         );
     }
-    let mut reason = format!("a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}", source.name());
-    if let (Device::Cuda(_), Err(why)) = (device, &coverage.cuda) {
+    let mut reason =
+        format!("before the body ran, a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}", source.name());
+    if let (Source::CudaStatistics, Err(why)) = (source, &coverage.cuda) {
         reason += &format!(" (the allocator's trace tracker could not attach: {why})");
     }
     if device.is_cuda() {

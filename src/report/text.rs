@@ -195,11 +195,10 @@ fn verdict_lines(report: &Report, out: &mut String) {
         Verdict::CannotMeasure { layer, source, reason } => {
             let _ = writeln!(
                 out,
-                "  Nothing was measured: {} cannot count {layer} on {} here, so no verdict could back a pass.",
-                source,
+                "  No verdict could be backed: {source} cannot judge {layer} on {} here. It is a failure, not a pass:",
                 device_name(report.verdict_device)
             );
-            let _ = writeln!(out, "  Before the body ran, {reason}.");
+            let _ = writeln!(out, "  {reason}.");
         }
     }
 }

@@ -24,6 +24,19 @@ pub fn allocated_size(device: &str, bytes: u64) -> u64 {
     }
 }
 
+/// False where the source that judged the verdict's device sees totals,
+/// not allocations (the CUDA allocator's statistics, under
+/// `backend:cudaMallocAsync`): there the verdict stands, and no site can be
+/// named. The report says so in its note.
+pub fn sites_can_be_named(report: &gpu_leak_test::Report) -> bool {
+    let judged = report.devices.iter().find(|d| d.device == report.verdict_device);
+    let statistics = judged.is_some_and(|d| d.source == "the CUDA allocator's statistics");
+    if statistics {
+        assert!(report.notes.iter().any(|n| n.contains("no sites can be named")), "{report}");
+    }
+    !statistics
+}
+
 /// Remembers a source line from inside a closure (`mark.set(line!())`), so
 /// a test can check that a report names it.
 #[derive(Default)]
