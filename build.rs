@@ -58,6 +58,10 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
         .flag_if_supported("-Wno-unused-parameter")
+        // ATen's host allocator header aligns to the cache line through
+        // std::hardware_destructive_interference_size; GCC warns that it may
+        // vary with -mtune. libtorch and this shim both see x86-64's 64.
+        .flag_if_supported("-Wno-interference-size")
         .file("csrc/shim.cpp")
         .compile("gpu_leak_test_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());

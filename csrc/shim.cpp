@@ -5,6 +5,7 @@
 // FFI boundary. Only device-generic c10 headers are used, so building needs no
 // CUDA toolkit: the CUDA side of libtorch is reached at run time through its
 // registered allocator and device guard, and through dlsym.
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -214,6 +215,24 @@ char* glt_cuda_allocator_backend(char** name) {
         static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(cuda_allocator());
     *name = copy_string(allocator->name());
 #endif
+  });
+}
+
+// Pinned host memory: what libtorch's CUDA caching host allocator has handed
+// out (active) now and at its peak, for the whole process. *available is 0
+// where no CUDA host allocator is registered (libtorch_cuda not loaded).
+char* glt_cuda_pinned_active_bytes(int64_t* current, int64_t* peak, int* available) {
+  return guarded([&] {
+    *current = 0;
+    *peak = 0;
+    *available = 0;
+    if (torch_cuda_handle == nullptr) {
+      return;
+    }
+    auto stats = at::getHostAllocator(c10::DeviceType::CUDA)->get_stats();
+    *current = stats.active_bytes.current;
+    *peak = stats.active_bytes.peak;
+    *available = 1;
   });
 }
 

@@ -91,7 +91,11 @@ where
             continue;
         }
         let source = run.sources[index];
-        if let Err(reason) = sources::prove(source, on, &run.tracker, &coverage) {
+        let mut proved = sources::prove(source, on, &run.tracker, &coverage);
+        if let (Ok(()), Source::CpuAndPinnedAllocators, Device::Cuda(_)) = (&proved, source, device) {
+            proved = sources::prove_pinned(&run.tracker, &coverage, device);
+        }
+        if let Err(reason) = proved {
             let layer = Source::layer(on).to_string();
             let blind = Verdict::CannotMeasure { layer, source: source.name().to_string(), reason };
             drop(hook);

@@ -153,6 +153,9 @@ fn row2_caching_outputs_keeps_output_and_saved_input(device: &str) {
     show(&report);
     let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
     assert_eq!(leak.bytes_per_iteration, 2.0 * allocated_size(device, ACTIVATION_BYTES) as f64, "{report}");
+    if !common::sites_can_be_named(&report) {
+        return;
+    }
     // Two sites of one activation each: the output (named) and the input.
     let sites = &report.attribution.as_ref().unwrap().sites;
     assert!(sites.iter().any(|s| s.location.as_deref() == Some(mark.location(FILE).as_str())), "{report}");

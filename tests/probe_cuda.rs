@@ -132,3 +132,41 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
     assert_eq!(report.devices.iter().map(|d| d.device).collect::<Vec<_>>(), [Device::Cpu]);
     assert!(!cuda::is_loaded(), "libtorch's CUDA library was loaded for a test on the CPU");
 }
+
+/// Pinned host memory (article pitfall 5, and how input pipelines stage
+/// batches) is judged with host memory in process scope: kept pinned copies
+/// fail, a reused staging buffer passes.
+#[test]
+fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
+    let Some(index) = cuda_device_or_skip("kept_pinned_copies_fail_and_a_reused_staging_buffer_passes") else {
+        return;
+    };
+    let on = Device::Cuda(index);
+    let mut kept = Vec::new();
+    let report = gpu_leak_test::LeakTest::new("kept_pinned")
+        .device(format!("cuda:{index}"))
+        .scope("process")
+        .run(|device| {
+            let out = Tensor::ones([64, 64], (Kind::Float, device));
+            kept.push(out.to_device(Device::Cpu).pin_memory(on));
+        })
+        .unwrap();
+    let gpu_leak_test::Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak on the host:\n{report}") };
+    assert_eq!(report.verdict_device, Device::Cpu, "{report}");
+    // The host allocator hands out power-of-two blocks: 16 KiB here.
+    assert!(leak.bytes_per_iteration >= (64 * 64 * 4) as f64, "{report}");
+    let host = report.devices.iter().find(|d| d.device == Device::Cpu).unwrap();
+    assert!(host.source.contains("pinned host allocator"), "{report}");
+
+    let staging = Tensor::zeros([64, 64], (Kind::Float, Device::Cpu)).pin_memory(on);
+    let report = gpu_leak_test::LeakTest::new("reused_staging")
+        .device(format!("cuda:{index}"))
+        .scope("process")
+        .run(|device| {
+            let out = Tensor::ones([64, 64], (Kind::Float, device));
+            let mut staging = staging.shallow_clone();
+            staging.copy_(&out);
+        })
+        .unwrap();
+    assert!(report.passed(), "{report}");
+}

@@ -230,6 +230,21 @@ pub fn allocator_backend() -> Result<String> {
     Ok(ffi::take_string(name).unwrap_or_else(|| "unknown (this build has no CUDA headers)".into()))
 }
 
+/// Pinned host memory (`pin_memory()`) that libtorch's CUDA caching host
+/// allocator has handed out, for the whole process: current and peak.
+/// `None` where CUDA is not loaded, so nothing can be pinned.
+pub fn pinned_active_bytes() -> Option<Stat> {
+    if !is_loaded() {
+        return None;
+    }
+    let (mut current, mut peak, mut available) = (0i64, 0i64, 0 as c_int);
+    // SAFETY: plain out-parameters.
+    let asked = ffi::check("glt_cuda_pinned_active_bytes", unsafe {
+        ffi::glt_cuda_pinned_active_bytes(&mut current, &mut peak, &mut available)
+    });
+    (asked.is_ok() && available == 1).then(|| Stat { current: current.max(0) as u64, peak: peak.max(0) as u64 })
+}
+
 /// Returns cached blocks that no tensor uses to the driver
 /// (`torch.cuda.empty_cache()`): reserved drops, allocated does not.
 pub fn empty_cache() -> Result<()> {

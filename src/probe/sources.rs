@@ -27,6 +27,11 @@ pub enum Source {
     Hook,
     /// The counting wrapper around libtorch's CPU allocator (process scope).
     CountingCpuAllocator,
+    /// That, plus pinned host memory from the CUDA caching host allocator's
+    /// statistics (process scope where CUDA is loaded): a pinned tensor is a
+    /// CPU tensor, so it is judged with host memory. Sites come from the CPU
+    /// allocator only.
+    CpuAndPinnedAllocators,
     /// The CUDA caching allocator's trace tracker (process scope).
     CudaTrace,
     /// The CUDA allocator's device statistics: `allocated_bytes`, for the
@@ -40,6 +45,7 @@ impl Source {
         match self {
             Source::Hook => "the per-thread allocation hook",
             Source::CountingCpuAllocator => "the counting CPU allocator",
+            Source::CpuAndPinnedAllocators => "the counting CPU allocator and the pinned host allocator's statistics",
             Source::CudaTrace => "the CUDA caching allocator's trace",
             Source::CudaStatistics => "the CUDA allocator's statistics",
         }
@@ -64,6 +70,7 @@ impl Source {
 pub(crate) fn choose(device: Device, process_scope: bool, coverage: &Coverage) -> Source {
     match (device, process_scope) {
         (_, false) => Source::Hook,
+        (Device::Cpu, true) if cuda::pinned_active_bytes().is_some() => Source::CpuAndPinnedAllocators,
         (Device::Cpu, true) => Source::CountingCpuAllocator,
         (_, true) if coverage.cuda.is_ok() => Source::CudaTrace,
         (_, true) => Source::CudaStatistics,
@@ -78,6 +85,9 @@ pub(crate) fn level(source: Source, device: Device, tracker: &Tracker) -> i64 {
         (Source::CudaStatistics, Device::Cuda(index)) => {
             cuda::allocator_stats(index).map(|s| s.allocated_bytes.current as i64).unwrap_or(0)
         }
+        (Source::CpuAndPinnedAllocators, _) => {
+            tracker.live_bytes(device) + cuda::pinned_active_bytes().map_or(0, |s| s.current as i64)
+        }
         _ => tracker.live_bytes(device),
     }
 }
@@ -87,6 +97,10 @@ pub(crate) fn peak(source: Source, device: Device, tracker: &Tracker) -> i64 {
     match (source, device) {
         (Source::CudaStatistics, Device::Cuda(index)) => {
             cuda::allocator_stats(index).map(|s| s.allocated_bytes.peak as i64).unwrap_or(0)
+        }
+        // Two peaks taken apart: their sum bounds the peak of the sum.
+        (Source::CpuAndPinnedAllocators, _) => {
+            tracker.view(device).peak_bytes + cuda::pinned_active_bytes().map_or(0, |s| s.peak as i64)
         }
         _ => tracker.view(device).peak_bytes,
     }
@@ -111,6 +125,25 @@ const CANARY_BYTES: i64 = 512;
 /// checks that `source` saw both, up to three tries (another thread's
 /// allocation in between can hide it once). `Err` says why it is blind.
 pub(crate) fn prove(source: Source, device: Device, tracker: &Tracker, coverage: &Coverage) -> Result<(), String> {
+    see_canary(source, device, tracker, coverage, |device| tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device)))
+}
+
+/// [`prove`] for the pinned half of host memory, where the body runs on
+/// `cuda` (its context exists, so pinning starts nothing new).
+pub(crate) fn prove_pinned(tracker: &Tracker, coverage: &Coverage, cuda: Device) -> Result<(), String> {
+    see_canary(Source::CpuAndPinnedAllocators, Device::Cpu, tracker, coverage, |cpu| {
+        tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, cpu)).pin_memory(cuda)
+    })
+    .map_err(|reason| reason.replace("canary tensor", "pinned canary tensor"))
+}
+
+fn see_canary(
+    source: Source,
+    device: Device,
+    tracker: &Tracker,
+    coverage: &Coverage,
+    make: impl Fn(Device) -> tch::Tensor,
+) -> Result<(), String> {
     let sync = || {
         if let Device::Cuda(index) = device {
             let _ = cuda::synchronize(index);
@@ -118,7 +151,7 @@ pub(crate) fn prove(source: Source, device: Device, tracker: &Tracker, coverage:
     };
     for _ in 0..3 {
         let before = level(source, device, tracker);
-        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device));
+        let canary = make(device);
         sync();
         let with = level(source, device, tracker);
         drop(canary);
