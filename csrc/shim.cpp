@@ -218,10 +218,12 @@ char* glt_cuda_allocator_backend(char** name) {
   });
 }
 
-// Pinned host memory: what libtorch's CUDA caching host allocator has handed
-// out (active) now and at its peak, for the whole process. *available is 0
-// where no CUDA host allocator is registered (libtorch_cuda not loaded).
-char* glt_cuda_pinned_active_bytes(int64_t* current, int64_t* peak, int* available) {
+// Pinned host memory: the bytes libtorch's CUDA caching host allocator holds
+// (handed out or cached for reuse) now and at its peak, for the whole
+// process. Its "active" figures are not used: in 2.11 a block freed without
+// recorded stream events goes back to the free list without lowering them.
+// *available is 0 where libtorch_cuda is not loaded.
+char* glt_cuda_pinned_held_bytes(int64_t* current, int64_t* peak, int* available) {
   return guarded([&] {
     *current = 0;
     *peak = 0;
@@ -230,9 +232,19 @@ char* glt_cuda_pinned_active_bytes(int64_t* current, int64_t* peak, int* availab
       return;
     }
     auto stats = at::getHostAllocator(c10::DeviceType::CUDA)->get_stats();
-    *current = stats.active_bytes.current;
-    *peak = stats.active_bytes.peak;
+    *current = stats.allocated_bytes.current;
+    *peak = stats.allocated_bytes.peak;
     *available = 1;
+  });
+}
+
+// Returns the pinned blocks no tensor uses to the system
+// (torch._C._host_emptyCache).
+char* glt_cuda_pinned_empty_cache() {
+  return guarded([&] {
+    if (torch_cuda_handle != nullptr) {
+      at::getHostAllocator(c10::DeviceType::CUDA)->empty_cache();
+    }
   });
 }
 

@@ -93,7 +93,7 @@ where
         let source = run.sources[index];
         let mut proved = sources::prove(source, on, &run.tracker, &coverage);
         if let (Ok(()), Source::CpuAndPinnedAllocators, Device::Cuda(_)) = (&proved, source, device) {
-            proved = sources::prove_pinned(&run.tracker, &coverage, device);
+            proved = sources::prove_pinned(device);
         }
         if let Err(reason) = proved {
             let layer = Source::layer(on).to_string();

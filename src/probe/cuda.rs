@@ -231,18 +231,27 @@ pub fn allocator_backend() -> Result<String> {
 }
 
 /// Pinned host memory (`pin_memory()`) that libtorch's CUDA caching host
-/// allocator has handed out, for the whole process: current and peak.
-/// `None` where CUDA is not loaded, so nothing can be pinned.
-pub fn pinned_active_bytes() -> Option<Stat> {
+/// allocator holds, handed out or cached for reuse, for the whole process:
+/// current and peak. `None` where CUDA is not loaded, so nothing is pinned.
+/// A kept pinned copy per iteration grows it; a staging buffer reused, or a
+/// pinned tensor dropped each iteration, reuses a cached block.
+pub fn pinned_held_bytes() -> Option<Stat> {
     if !is_loaded() {
         return None;
     }
     let (mut current, mut peak, mut available) = (0i64, 0i64, 0 as c_int);
     // SAFETY: plain out-parameters.
-    let asked = ffi::check("glt_cuda_pinned_active_bytes", unsafe {
-        ffi::glt_cuda_pinned_active_bytes(&mut current, &mut peak, &mut available)
+    let asked = ffi::check("glt_cuda_pinned_held_bytes", unsafe {
+        ffi::glt_cuda_pinned_held_bytes(&mut current, &mut peak, &mut available)
     });
     (asked.is_ok() && available == 1).then(|| Stat { current: current.max(0) as u64, peak: peak.max(0) as u64 })
+}
+
+/// Frees the pinned blocks no tensor uses (`torch._C._host_emptyCache`).
+pub fn pinned_empty_cache() -> Result<()> {
+    check_any()?;
+    // SAFETY: no arguments.
+    ffi::check("glt_cuda_pinned_empty_cache", unsafe { ffi::glt_cuda_pinned_empty_cache() })
 }
 
 /// Returns cached blocks that no tensor uses to the driver

@@ -45,7 +45,9 @@ impl Source {
         match self {
             Source::Hook => "the per-thread allocation hook",
             Source::CountingCpuAllocator => "the counting CPU allocator",
-            Source::CpuAndPinnedAllocators => "the counting CPU allocator and the pinned host allocator's statistics",
+            Source::CpuAndPinnedAllocators => {
+                "the counting CPU allocator and the pinned host allocator's statistics (bytes it holds)"
+            }
             Source::CudaTrace => "the CUDA caching allocator's trace",
             Source::CudaStatistics => "the CUDA allocator's statistics",
         }
@@ -70,7 +72,7 @@ impl Source {
 pub(crate) fn choose(device: Device, process_scope: bool, coverage: &Coverage) -> Source {
     match (device, process_scope) {
         (_, false) => Source::Hook,
-        (Device::Cpu, true) if cuda::pinned_active_bytes().is_some() => Source::CpuAndPinnedAllocators,
+        (Device::Cpu, true) if cuda::pinned_held_bytes().is_some() => Source::CpuAndPinnedAllocators,
         (Device::Cpu, true) => Source::CountingCpuAllocator,
         (_, true) if coverage.cuda.is_ok() => Source::CudaTrace,
         (_, true) => Source::CudaStatistics,
@@ -86,7 +88,7 @@ pub(crate) fn level(source: Source, device: Device, tracker: &Tracker) -> i64 {
             cuda::allocator_stats(index).map(|s| s.allocated_bytes.current as i64).unwrap_or(0)
         }
         (Source::CpuAndPinnedAllocators, _) => {
-            tracker.live_bytes(device) + cuda::pinned_active_bytes().map_or(0, |s| s.current as i64)
+            tracker.live_bytes(device) + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
         }
         _ => tracker.live_bytes(device),
     }
@@ -100,7 +102,7 @@ pub(crate) fn peak(source: Source, device: Device, tracker: &Tracker) -> i64 {
         }
         // Two peaks taken apart: their sum bounds the peak of the sum.
         (Source::CpuAndPinnedAllocators, _) => {
-            tracker.view(device).peak_bytes + cuda::pinned_active_bytes().map_or(0, |s| s.peak as i64)
+            tracker.view(device).peak_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.peak as i64)
         }
         _ => tracker.view(device).peak_bytes,
     }
@@ -129,12 +131,27 @@ pub(crate) fn prove(source: Source, device: Device, tracker: &Tracker, coverage:
 }
 
 /// [`prove`] for the pinned half of host memory, where the body runs on
-/// `cuda` (its context exists, so pinning starts nothing new).
-pub(crate) fn prove_pinned(tracker: &Tracker, coverage: &Coverage, cuda: Device) -> Result<(), String> {
-    see_canary(Source::CpuAndPinnedAllocators, Device::Cpu, tracker, coverage, |cpu| {
-        tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, cpu)).pin_memory(cuda)
-    })
-    .map_err(|reason| reason.replace("canary tensor", "pinned canary tensor"))
+/// `cuda` (its context exists, so pinning starts nothing new). The host
+/// allocator counts the bytes it holds, so the proof is a block made and
+/// returned: its cache is emptied around a pinned canary, which must raise
+/// the count and, emptied again, lower it.
+pub(crate) fn prove_pinned(cuda: Device) -> Result<(), String> {
+    let held = || cuda::pinned_held_bytes().map_or(0, |s| s.current as i64);
+    for _ in 0..3 {
+        let _ = cuda::pinned_empty_cache();
+        let before = held();
+        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, Device::Cpu)).pin_memory(cuda);
+        let with = held();
+        drop(canary);
+        let _ = cuda::pinned_empty_cache();
+        if with - before >= CANARY_BYTES && with - held() >= CANARY_BYTES {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "before the body ran, a {CANARY_BYTES} B pinned canary tensor (pin_memory) was not seen by the pinned host \
+         allocator's statistics"
+    ))
 }
 
 fn see_canary(
