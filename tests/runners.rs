@@ -101,6 +101,13 @@ mod shapes {
     }
 
     #[gpu_leak_test(device = "auto")]
+    #[ignore = "crashes on purpose; run by a_child_that_aborts_fails_with_its_signal"]
+    fn aborts(device: Device) {
+        let _ = Tensor::ones([64], (Kind::Float, device));
+        std::process::abort();
+    }
+
+    #[gpu_leak_test(device = "auto")]
     #[ignore = "run by every_runner_gives_the_same_verdict_and_first_line"]
     fn runs_after_a_thread_was_left_running(device: Device) {
         let _ = Tensor::ones([64], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
@@ -184,5 +191,17 @@ fn every_runner_gives_the_same_verdict_and_first_line() {
             output.contains("thread `sleeper` (id") && output.contains("started during this test and was still running"),
             "{runner}: the thread left running is not named:\n{output}"
         );
+    }
+}
+
+/// A test whose process dies is a failure that says how it died, never a
+/// pass; the tests after it still run.
+#[test]
+fn a_child_that_aborts_fails_with_its_signal() {
+    for threads in ["--test-threads=4", "--test-threads=1"] {
+        let output = run_binary(&["shapes::aborts", "shapes::runs_after", "--ignored", threads], false);
+        assert!(output.lines().any(|line| line == "    shapes::aborts"), "{threads}: not listed as failed:\n{output}");
+        assert!(output.contains("was killed by signal 6 (SIGABRT"), "{threads}: the signal is not named:\n{output}");
+        assert!(output.contains("test shapes::runs_after_a_thread_was_left_running ... ok"), "{threads}:\n{output}");
     }
 }
