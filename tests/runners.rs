@@ -162,7 +162,8 @@ fn every_runner_gives_the_same_verdict_and_first_line() {
         let needle = format!("// site: {mark}");
         source.lines().position(|line| line.trim_end().ends_with(&needle)).map(|i| i + 1).unwrap()
     };
-    let parallel = run_binary(&["shapes::", "--ignored", "--test-threads=4", "--nocapture"], false);
+    // libtest's own default number of threads, as a plain `cargo test` runs.
+    let parallel = run_binary(&["shapes::", "--ignored", "--nocapture"], false);
     let one_thread = run_binary(&["shapes::", "--ignored", "--test-threads=1", "--nocapture"], false);
     let mut per_process = String::new();
     for &(name, _) in EXPECTED {
@@ -198,7 +199,7 @@ fn every_runner_gives_the_same_verdict_and_first_line() {
 /// pass; the tests after it still run.
 #[test]
 fn a_child_that_aborts_fails_with_its_signal() {
-    for threads in ["--test-threads=4", "--test-threads=1"] {
+    for threads in ["--test-threads=2", "--test-threads=1"] {
         let output = run_binary(&["shapes::aborts", "shapes::runs_after", "--ignored", threads], false);
         assert!(output.lines().any(|line| line == "    shapes::aborts"), "{threads}: not listed as failed:\n{output}");
         assert!(output.contains("was killed by signal 6 (SIGABRT"), "{threads}: the signal is not named:\n{output}");
