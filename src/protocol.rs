@@ -552,11 +552,16 @@ impl<'a> Run<'a> {
             })
             .collect();
         let series = self.series(chosen);
-        // The host heap, where every tensor count passed: a graph kept by a
-        // `total += loss`, or a Rust collection, grows it while tensors stay flat.
-        let host_heap_growth = if self.verdicts.iter().all(|v| !v.is_failure()) {
+        // The host heap, a view shown only where the judged layers explain
+        // no growth (every judged device flat over the measured window): a
+        // graph kept by a `total += loss`, or a Rust collection, grows it
+        // while tensors stay flat.
+        let judged_layers_flat = judged.iter().all(|&d| {
+            self.measured_window(|i| Some(self.levels[i][d])).is_some_and(|levels| levels.iter().all(|&l| l == levels[0]))
+        });
+        let host_heap_growth = if judged_layers_flat && self.verdicts.iter().all(|v| !v.is_failure()) {
             self.measured_window(|i| self.samples[i].host_heap_bytes.map(|b| b as i64))
-                .and_then(|levels| verdict::host_heap_growth(&levels, settings.iterations))
+                .and_then(|levels| verdict::host_heap_growth(&levels))
         } else {
             None
         };
