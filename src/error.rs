@@ -18,6 +18,9 @@ pub enum Error {
     /// malformed; `source` names where it came from (file and line, or the
     /// variable).
     Config { source: String, message: String },
+    /// A leak test started inside the body of another (`outer`), which
+    /// holds the locks the inner one would wait for.
+    NestedLeakTest { outer: String, inner: String },
 }
 
 impl fmt::Display for Error {
@@ -37,6 +40,12 @@ impl fmt::Display for Error {
             Error::Libtorch { call, message } => write!(f, "libtorch failed in {call}: {message}"),
             Error::Hook { message } => write!(f, "allocation hook: {message}"),
             Error::Config { source, message } => write!(f, "{source}: {message}"),
+            Error::NestedLeakTest { outer, inner } => write!(
+                f,
+                "the leak test `{inner}` was started inside the body of the leak test `{outer}`, which holds the \
+                 device and scope locks for its whole run, so `{inner}` would wait for it forever. Make `{inner}` a \
+                 test of its own, or call its body directly inside `{outer}`"
+            ),
         }
     }
 }

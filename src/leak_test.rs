@@ -183,7 +183,13 @@ impl LeakTest {
     }
 
     /// Resolves settings (attribute, environment, defaults) and the device.
+    /// Inside another leak test's body (on its thread, or a thread brought
+    /// into it) it is [`Error::NestedLeakTest`]: the outer test holds the
+    /// locks this one would wait for.
     pub fn resolve(&self) -> Result<(Settings, Device)> {
+        if let Some(outer) = crate::threads::current_test() {
+            return Err(Error::NestedLeakTest { outer: outer.test_name().to_string(), inner: self.name.clone() });
+        }
         let settings = self.settings()?;
         let require_cuda = self.require_cuda || config::cuda_required()?;
         let device = settings.device.resolve(require_cuda)?;

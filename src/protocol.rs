@@ -108,7 +108,7 @@ where
     // In process scope every thread is counted, so the threads the test
     // starts and leaves running can be named with what they hold.
     run.threads_at_start = scope.is_process().then(crate::threads::alive);
-    let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) });
+    let threads = TestThreads::new(if scope.is_process() { None } else { Some(tracker) }, &test.name);
     let current = threads.set_current();
     let outcome = run.measure(setup);
     drop(current);

@@ -27,6 +27,8 @@ use std::cell::RefCell;
 pub struct TestThreads {
     /// `None` in process scope, where every thread is counted anyway.
     tracker: Option<Tracker>,
+    /// The running test's name.
+    test: std::sync::Arc<str>,
 }
 
 thread_local! {
@@ -64,8 +66,13 @@ impl Drop for ThreadGuard {
 }
 
 impl TestThreads {
-    pub(crate) fn new(tracker: Option<Tracker>) -> TestThreads {
-        TestThreads { tracker }
+    pub(crate) fn new(tracker: Option<Tracker>, test: &str) -> TestThreads {
+        TestThreads { tracker, test: test.into() }
+    }
+
+    /// The running test's name.
+    pub(crate) fn test_name(&self) -> &str {
+        &self.test
     }
 
     /// Makes this the current test on this thread until the guard drops (the

@@ -251,6 +251,26 @@ fn host_heap_growth_with_flat_tensors_is_described(device: &str) {
     assert!(report.before.unwrap().host_heap_bytes.is_some(), "glibc's view is sampled");
 }
 
+/// A leak test started inside another's body is an error that names both,
+/// never a hang on the locks the outer test holds (issue: hostile inputs).
+#[test]
+fn a_leak_test_inside_a_leak_test_is_an_error_not_a_hang() {
+    for scope in ["thread", "process"] {
+        let mut inner_error = None;
+        let outer = leak_test("outer", "cpu", scope)
+            .iterations(1)
+            .warmup(0)
+            .run(|_| {
+                let inner = LeakTest::new("inner").device("cpu").iterations(2).run(|_| {});
+                inner_error = inner.err();
+            })
+            .unwrap();
+        assert!(outer.passed(), "{outer}");
+        let message = inner_error.expect("the inner test fails at once").to_string();
+        assert!(message.contains("`inner`") && message.contains("`outer`") && message.contains("forever"), "{message}");
+    }
+}
+
 on_each_device!(
     host_heap_growth_with_flat_tensors_is_described,
     host_copies_kept_by_a_test_on_any_device_fail_naming_the_line,
