@@ -10,7 +10,9 @@
 //!
 //! The sources:
 //! - thread scope: the per-thread hook, on every device;
-//! - process scope: the counting CPU allocator on the CPU; on CUDA the
+//! - process scope: the counting CPU allocator on the CPU, plus the bytes
+//!   CUDA's caching host allocator holds where CUDA is loaded (a pinned
+//!   tensor is a CPU tensor); on CUDA the
 //!   caching allocator's trace tracker where it attaches (the native and
 //!   `expandable_segments` backends), else the allocator's own device
 //!   statistics (`backend:cudaMallocAsync`: exact bytes for the whole
