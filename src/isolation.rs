@@ -83,7 +83,7 @@ pub(crate) fn child_test_name(libtest_name: Option<&str>, runner: crate::scope::
 /// without a verdict (its exit status and output).
 pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the test binary's path is unknown ({e})"))?;
-    let scratch = Scratch::new()?;
+    let scratch = Scratch::new();
     let output = std::fs::File::create(&scratch.output).map_err(|e| format!("{}: {e}", scratch.output.display()))?;
     let stderr = output.try_clone().map_err(|e| e.to_string())?;
     let status = Command::new(&exe)
@@ -96,14 +96,14 @@ pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
         .map_err(|e| format!("could not start {} for this test ({e})", exe.display()))?;
     let mut text = String::new();
     let _ = std::fs::File::open(&scratch.output).and_then(|mut f| f.read_to_string(&mut text));
-    let relayed = without_libtest_lines(&text, name);
-    match std::fs::read(&scratch.result) {
-        Err(_) if status.success() && text.lines().any(|line| line == "running 0 tests") => return Ok(None),
-        _ => {}
+    let verdict = std::fs::read(&scratch.result);
+    if verdict.is_err() && status.success() && text.lines().any(|line| line == "running 0 tests") {
+        return Ok(None);
     }
+    let relayed = without_libtest_lines(&text, name);
     // print! goes to libtest's capture: shown on failure or with --nocapture.
     print!("{relayed}");
-    match std::fs::read(&scratch.result) {
+    match verdict {
         Ok(json) => serde_json::from_slice(&json).map(Some).map_err(|e| format!("its verdict could not be read ({e})")),
         Err(_) => Err(format!(
             "the test's own process ({} {name} --exact) {} before it reached a verdict. Its output:\n{relayed}",
@@ -158,12 +158,12 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new() -> Result<Scratch, String> {
+    fn new() -> Scratch {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let stem = format!("gpu-leak-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let dir = std::env::temp_dir();
-        Ok(Scratch { output: dir.join(format!("{stem}.out")), result: dir.join(format!("{stem}.verdict")) })
+        Scratch { output: dir.join(format!("{stem}.out")), result: dir.join(format!("{stem}.verdict")) }
     }
 }
 
@@ -177,11 +177,7 @@ impl Drop for Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scope::Runner;
-
-    const CARGO_TEST: Runner = Runner { process_per_test: false, one_test_thread: false };
-    const ONE_THREAD: Runner = Runner { process_per_test: false, one_test_thread: true };
-    const NEXTEST: Runner = Runner { process_per_test: true, one_test_thread: false };
+    use crate::scope::tests::{CARGO_TEST, NEXTEST, ONE_THREAD};
 
     #[test]
     fn a_whole_test_moves_into_a_child_under_libtest_with_any_number_of_threads() {

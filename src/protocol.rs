@@ -91,15 +91,9 @@ where
             continue;
         }
         let source = run.sources[index];
-        let mut proved = sources::prove(source, on, &run.tracker, &coverage);
-        if let (Ok(()), Source::CpuAndPinnedAllocators, Device::Cuda(_)) = (&proved, source, device) {
-            proved = sources::prove_pinned(device);
-        }
-        if let Err(reason) = proved {
-            let layer = Source::layer(on).to_string();
-            let blind = Verdict::CannotMeasure { layer, source: source.name().to_string(), reason };
+        if let Err(reason) = sources::prove(source, on, device, &run.tracker, &coverage) {
             drop(hook);
-            return run.stop_on(index, blind, started);
+            return run.stop_on(index, source.cannot_measure(on, reason), started);
         }
     }
     run.start = run.levels_now();
@@ -273,12 +267,11 @@ impl<'a> Run<'a> {
     /// counts it (the allocator's statistics, where they are the source).
     fn take_snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::take(self.device, &self.tracker);
-        if let Some(body) = self.devices.iter().position(|&d| d == self.device) {
-            let source = self.sources[body];
-            if !source.attributable() {
-                snapshot.hook.live_bytes = sources::level(source, self.device, &self.tracker);
-                snapshot.hook.peak_bytes = sources::peak(source, self.device, &self.tracker);
-            }
+        let body = self.devices.iter().position(|&d| d == self.device);
+        // The snapshot read the allocator's statistics already.
+        if let (Some(Source::CudaStatistics), Some(allocator)) = (body.map(|b| self.sources[b]), snapshot.allocator) {
+            snapshot.hook.live_bytes = allocator.allocated_bytes.current as i64;
+            snapshot.hook.peak_bytes = allocator.allocated_bytes.peak as i64;
         }
         snapshot
     }
@@ -444,18 +437,15 @@ impl<'a> Run<'a> {
                 // Growth with no exact pattern is judged by the sites that
                 // grow, and this source names none: neither a pass nor a leak
                 // can be backed.
-                self.verdicts[d] = Verdict::CannotMeasure {
-                    layer: Source::layer(on).to_string(),
-                    source: source.name().to_string(),
-                    reason: format!(
-                        "the levels grew {} per iteration with no exact pattern (sizes that vary), and {} names no \
-                         allocation sites, so state replaced every iteration cannot be told from a leak. Run this \
-                         test with the native allocator backend (no backend:cudaMallocAsync in \
-                         PYTORCH_CUDA_ALLOC_CONF) to decide it",
-                        crate::report::bytes(leak.bytes_per_iteration.round().max(0.0) as u64),
-                        source.name()
-                    ),
-                };
+                let reason = format!(
+                    "the levels grew {} per iteration with no exact pattern (sizes that vary), and {} names no \
+                     allocation sites, so state replaced every iteration cannot be told from a leak. Run this test \
+                     with the native allocator backend (no backend:cudaMallocAsync in PYTORCH_CUDA_ALLOC_CONF) to \
+                     decide it",
+                    crate::report::bytes(leak.bytes_per_iteration.round().max(0.0) as u64),
+                    source.name()
+                );
+                self.verdicts[d] = source.cannot_measure(on, reason);
                 continue;
             }
             let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);

@@ -133,12 +133,13 @@ pub(crate) fn lock(scope: ResolvedScope) -> ScopeLock {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const CARGO_TEST: Runner = Runner { process_per_test: false, one_test_thread: false };
-    const NEXTEST: Runner = Runner { process_per_test: true, one_test_thread: false };
-    const ONE_THREAD: Runner = Runner { process_per_test: false, one_test_thread: true };
+    // The three runners, as isolation.rs's tests see them too.
+    pub(crate) const CARGO_TEST: Runner = Runner { process_per_test: false, one_test_thread: false };
+    pub(crate) const NEXTEST: Runner = Runner { process_per_test: true, one_test_thread: false };
+    pub(crate) const ONE_THREAD: Runner = Runner { process_per_test: false, one_test_thread: true };
 
     #[test]
     fn auto_is_process_scope_where_each_test_has_the_process_to_itself() {

@@ -261,8 +261,9 @@ pub enum Verdict {
     /// The body returned an error.
     #[serde(rename = "error")]
     BodyError { phase: Phase, iteration: u32, message: String },
-    /// The source for this device did not see a canary allocation before the
-    /// body ran: nothing it counted could back a verdict, so the test fails
+    /// What this device's source counts cannot back a verdict: it missed a
+    /// canary allocation before the body ran, or it names no sites where
+    /// only sites could tell replaced state from a leak. The test fails
     /// instead of passing blind. `layer` is the memory, `source` what was to
     /// count it, `reason` why it could not and what to do.
     CannotMeasure { layer: String, source: String, reason: String },
@@ -419,13 +420,11 @@ mod tests {
 
     #[test]
     fn host_heap_noise_of_a_clean_test_is_not_noted() {
-        // Measured on a clean test: bookkeeping, and one arena growth.
-        let steps = [784, 784, 1648, 784, 784];
-        let levels: Vec<i64> = std::iter::once(0).chain(steps.iter().scan(0, |l, s| { *l += s; Some(*l) })).collect();
-        assert_eq!(host_heap_growth(&levels), None);
-        let one_arena = [64, 64, 4224, 64, 64];
-        let levels: Vec<i64> = std::iter::once(0).chain(one_arena.iter().scan(0, |l, s| { *l += s; Some(*l) })).collect();
-        assert_eq!(host_heap_growth(&levels), None);
+        // Levels from 0 rising by each step in turn.
+        let levels = |steps: &[i64]| -> Vec<i64> { std::iter::once(0).chain(steps.iter().scan(0, |l, s| { *l += s; Some(*l) })).collect() };
+        // Measured on clean tests: bookkeeping, and one arena growth.
+        assert_eq!(host_heap_growth(&levels(&[784, 784, 1648, 784, 784])), None);
+        assert_eq!(host_heap_growth(&levels(&[64, 64, 4224, 64, 64])), None);
     }
 
     #[test]

@@ -68,6 +68,11 @@ impl Source {
             _ => "device memory through libtorch's CUDA allocator",
         }
     }
+
+    /// The verdict where this source cannot back one on `device`, and why.
+    pub(crate) fn cannot_measure(self, device: Device, reason: String) -> crate::verdict::Verdict {
+        crate::verdict::Verdict::CannotMeasure { layer: Self::layer(device).to_string(), source: self.name().to_string(), reason }
+    }
 }
 
 /// The source that counts `device` in this scope.
@@ -127,17 +132,41 @@ const CANARY_BYTES: i64 = 512;
 
 /// Allocates and frees a canary tensor on `device` (on this thread) and
 /// checks that `source` saw both, up to three tries (another thread's
-/// allocation in between can hide it once). `Err` says why it is blind.
-pub(crate) fn prove(source: Source, device: Device, tracker: &Tracker, coverage: &Coverage) -> Result<(), String> {
-    see_canary(source, device, tracker, coverage, |device| tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device)))
+/// allocation in between can hide it once). Host memory that counts pinned
+/// bytes too is also proved with a pinned canary, where the body runs on
+/// CUDA (`body`). `Err` says why it is blind.
+pub(crate) fn prove(source: Source, device: Device, body: Device, tracker: &Tracker, coverage: &Coverage) -> Result<(), String> {
+    let sync = || {
+        if let Device::Cuda(index) = device {
+            let _ = cuda::synchronize(index);
+        }
+    };
+    let seen = (0..3).any(|_| {
+        let before = level(source, device, tracker);
+        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device));
+        sync();
+        let with = level(source, device, tracker);
+        drop(canary);
+        sync();
+        let after = level(source, device, tracker);
+        with - before >= CANARY_BYTES && with - after >= CANARY_BYTES
+    });
+    if !seen {
+        return Err(blind_reason(source, device, coverage));
+    }
+    reset_peak(source, device, tracker);
+    match (source, body) {
+        (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned(body),
+        _ => Ok(()),
+    }
 }
 
-/// [`prove`] for the pinned half of host memory, where the body runs on
-/// `cuda` (its context exists, so pinning starts nothing new). The host
-/// allocator counts the bytes it holds, so the proof is a block made and
-/// returned: its cache is emptied around a pinned canary, which must raise
-/// the count and, emptied again, lower it.
-pub(crate) fn prove_pinned(cuda: Device) -> Result<(), String> {
+/// The pinned half of host memory, where the body runs on `cuda` (its
+/// context exists, so pinning starts nothing new). The host allocator
+/// counts the bytes it holds, so the proof is a block made and returned:
+/// its cache is emptied around a pinned canary, which must raise the count
+/// and, emptied again, lower it.
+fn prove_pinned(cuda: Device) -> Result<(), String> {
     let held = || cuda::pinned_held_bytes().map_or(0, |s| s.current as i64);
     for _ in 0..3 {
         let _ = cuda::pinned_empty_cache();
@@ -154,34 +183,6 @@ pub(crate) fn prove_pinned(cuda: Device) -> Result<(), String> {
         "before the body ran, a {CANARY_BYTES} B pinned canary tensor (pin_memory) was not seen by the pinned host \
          allocator's statistics"
     ))
-}
-
-fn see_canary(
-    source: Source,
-    device: Device,
-    tracker: &Tracker,
-    coverage: &Coverage,
-    make: impl Fn(Device) -> tch::Tensor,
-) -> Result<(), String> {
-    let sync = || {
-        if let Device::Cuda(index) = device {
-            let _ = cuda::synchronize(index);
-        }
-    };
-    for _ in 0..3 {
-        let before = level(source, device, tracker);
-        let canary = make(device);
-        sync();
-        let with = level(source, device, tracker);
-        drop(canary);
-        sync();
-        let after = level(source, device, tracker);
-        if with - before >= CANARY_BYTES && with - after >= CANARY_BYTES {
-            reset_peak(source, device, tracker);
-            return Ok(());
-        }
-    }
-    Err(blind_reason(source, device, coverage))
 }
 
 /// Why `source` missed the canary on `device`, and what to do.
