@@ -25,7 +25,9 @@ fn cuda_runtime_headers(lib_dir: &std::path::Path) -> Option<PathBuf> {
 }
 
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp"] {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-env-changed={CUDA_INCLUDE_VAR}");
     let lib_dir = match env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(dir) => PathBuf::from(dir),
@@ -63,6 +65,9 @@ fn main() {
         // vary with -mtune. libtorch and this shim both see x86-64's 64.
         .flag_if_supported("-Wno-interference-size")
         .file("csrc/shim.cpp")
+        // Replaces operator new and delete for the whole test binary, so
+        // libtorch's host objects are counted (see the file).
+        .file("csrc/host_objects.cpp")
         .compile("gpu_leak_test_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=c10");

@@ -15,6 +15,8 @@
 
 #include <dlfcn.h>
 
+#include "shim.h"
+
 // The CUDA trace tracker needs the CUDA allocator's class, whose header pulls
 // in the CUDA runtime headers. build.rs defines GLT_CUDA_TRACE where it finds
 // them (the torch wheel's nvidia/cu13/include plus nvidia-cuda-crt); without
@@ -282,6 +284,20 @@ struct RustHook final : c10::MemoryReportingInfoBase {
   void* context;
 };
 }  // namespace
+}  // extern "C"
+
+namespace glt {
+void report_host_object_to_hook(void* ptr, int64_t size) {
+  // libtorch copies this thread's debug info to the autograd threads that
+  // run its backward(), so they report here too, as they do tensors.
+  auto* info = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+  if (auto* hook = dynamic_cast<RustHook*>(info)) {
+    hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
+  }
+}
+}  // namespace glt
+
+extern "C" {
 
 // Pushes a hook onto this thread's debug-info stack. The hook owns `context`
 // from here on and calls on_release exactly once, also when pushing fails.
@@ -290,6 +306,7 @@ char* glt_hook_push(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_
   return guarded([&] {
     auto hook = std::make_shared<RustHook>(on_event, on_oom, on_release, context);
     c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(hook));
+    glt::host_object_hooks.fetch_add(1, std::memory_order_relaxed);
   });
 }
 
@@ -304,6 +321,7 @@ char* glt_hook_pop() {
       throw std::runtime_error(
           "the innermost profiler state on this thread is not a gpu-leak-test hook");
     }
+    glt::host_object_hooks.fetch_sub(1, std::memory_order_relaxed);
   });
 }
 
@@ -321,12 +339,23 @@ typedef void (*glt_process_event_fn)(void* ptr, int64_t size, int32_t device_typ
 
 namespace {
 std::atomic<glt_process_event_fn> process_sink{nullptr};
+}  // namespace
+}  // extern "C"
 
-void report_process_event(void* ptr, int64_t size, c10::DeviceType type, int32_t index) {
+namespace glt {
+void report_process_event(void* ptr, int64_t size, int32_t device_type, int32_t index) {
   glt_process_event_fn sink = process_sink.load(std::memory_order_acquire);
   if (sink != nullptr) {
-    sink(ptr, size, static_cast<int32_t>(type), index);
+    sink(ptr, size, device_type, index);
   }
+}
+}  // namespace glt
+
+extern "C" {
+
+namespace {
+void report_process_event(void* ptr, int64_t size, c10::DeviceType type, int32_t index) {
+  glt::report_process_event(ptr, size, static_cast<int32_t>(type), index);
 }
 
 // Wraps the CPU allocator that was current when it was installed. Blocks
@@ -426,7 +455,7 @@ void on_cuda_trace(const c10::CachingDeviceAllocator::TraceEntry& entry) {
 #endif
 }  // namespace
 
-// Sets (or, with nullptr, clears) the sink both process-wide sources report to.
+// Sets (or, with nullptr, clears) the sink the process-wide sources report to.
 void glt_process_set_sink(glt_process_event_fn sink) { process_sink.store(sink, std::memory_order_release); }
 
 // Installs the counting CPU allocator once; later calls do nothing. *installed

@@ -5,7 +5,13 @@ use crate::probe::stacks::{self, Frame, Symbolizer};
 use crate::probe::LiveAllocation;
 use std::collections::BTreeMap;
 use std::path::Path;
+use crate::layer::Layer;
 use tch::Device;
+
+/// Reports written before layers were named held tensor sites only.
+fn tensors_on_cpu() -> Layer {
+    Layer::Tensors(Device::Cpu)
+}
 
 /// Survivors that share one allocation site.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -38,6 +44,10 @@ pub struct Site {
     /// The device its survivors live on.
     #[serde(with = "crate::report::device_serde")]
     pub device: Device,
+    /// The layer they count in: the device's tensors, or libtorch's host
+    /// objects (C++ heap blocks such as graph nodes, on the CPU).
+    #[serde(default = "tensors_on_cpu")]
+    pub layer: Layer,
     /// The name of the thread that allocated them, where it is not the
     /// test's own (see [`crate::probe::LiveAllocation::thread`]).
     pub thread: Option<String>,
@@ -72,20 +82,20 @@ impl Attribution {
         self.sites.iter().map(|s| s.bytes).sum()
     }
 
-    /// True when something allocated on `device` before the last
+    /// True when something allocated in `layer` before the last
     /// attribution iteration is still alive: memory kept across iterations,
     /// the mark of a leak.
-    pub fn kept_across_iterations(&self, device: Device) -> bool {
-        self.sites.iter().filter(|s| s.device == device).any(|s| s.iterations.iter().any(|&i| i < self.iterations))
+    pub fn kept_across_iterations(&self, layer: Layer) -> bool {
+        self.sites.iter().filter(|s| s.layer == layer).any(|s| s.iterations.iter().any(|&i| i < self.iterations))
     }
 
-    /// Marks the sites on `device` a suppression matches (a glob on
+    /// Marks the sites in `layer` a suppression matches (a glob on
     /// `file:line`, on the function, or on the line that called a helper)
     /// and returns their bytes per iteration.
-    pub fn apply_suppressions(&mut self, device: Device, suppressions: &[crate::config::Suppression]) -> f64 {
+    pub fn apply_suppressions(&mut self, layer: Layer, suppressions: &[crate::config::Suppression]) -> f64 {
         use crate::config::glob_match;
         let mut suppressed = 0.0;
-        for site in self.sites.iter_mut().filter(|s| s.device == device) {
+        for site in self.sites.iter_mut().filter(|s| s.layer == layer) {
             let names = [&site.location, &site.function, &site.called_from];
             let hit = suppressions.iter().find(|s| {
                 names.iter().any(|name| name.as_deref().is_some_and(|n| glob_match(&s.site, n)))
@@ -163,7 +173,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             }
             (None, false, true) => "allocated in library code with no frame of yours on the stack".to_string(),
         };
-        let key = format!("{:?}|{description}|{inside_backward}", survivor.device);
+        let key = format!("{}|{description}|{inside_backward}", survivor.layer());
         let site = sites.entry(key).or_insert_with(|| Site {
             location,
             function,
@@ -177,6 +187,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
             device: survivor.device,
+            layer: survivor.layer(),
             thread: survivor.thread.as_deref().map(str::to_string),
             suppressed_by: None,
             addresses: Vec::new(),

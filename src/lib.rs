@@ -9,6 +9,7 @@
 pub mod config;
 mod error;
 mod isolation;
+mod layer;
 mod leak_test;
 mod protocol;
 mod refs;
@@ -22,6 +23,7 @@ pub use config::Options;
 pub use error::{Error, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
+pub use layer::Layer;
 pub use leak_test::{cuda_device_or_skip, LeakTest};
 pub use refs::{watch, GraphRetention, Reference, TensorRefs};
 pub use report::{DeviceResult, MemoryViews, Report};

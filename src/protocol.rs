@@ -3,6 +3,7 @@
 use crate::attribution::{self, Attribution};
 use crate::config::Settings;
 use crate::device;
+use crate::layer::Layer;
 use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
 use crate::probe::sources::{self, Source};
@@ -73,7 +74,7 @@ where
     };
     let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
     let mut run = Run::new(test, settings, device, scope, tracker.clone(), global, &coverage);
-    run.notes = coverage_notes(scope, &coverage, &run.devices, &run.sources);
+    run.notes = coverage_notes(scope, &coverage, &run.layers, &run.sources);
     let hook = match scope {
         ResolvedScope::Thread => match tracker.enter() {
             Ok(hook) => Some(hook),
@@ -84,16 +85,20 @@ where
         },
         ResolvedScope::Process { .. } => None,
     };
-    // No verdict from a blind source: the CPU's, and the body's device's,
-    // must see a canary first (see probe::sources).
-    for (index, &on) in run.devices.iter().enumerate() {
-        if on != Device::Cpu && on != device {
+    // No verdict from a blind source: the host's layers, and the body's
+    // device's, must see a canary first (see probe::sources).
+    for (index, &on) in run.layers.iter().enumerate() {
+        if on.device() != Device::Cpu && on.device() != device {
             continue;
         }
         let source = run.sources[index];
-        if let Err(reason) = sources::prove(source, on, device, &run.tracker, &coverage) {
-            drop(hook);
-            return run.stop_on(index, source.cannot_measure(on, reason), started);
+        match sources::prove(source, on, device, &run.tracker, &coverage) {
+            Ok(added) if on == Layer::HostObjects => run.records_per_tensor = added,
+            Ok(_) => {}
+            Err(reason) => {
+                drop(hook);
+                return run.stop_on(index, source.cannot_measure(on, reason), started);
+            }
         }
     }
     run.start = run.levels_now();
@@ -114,7 +119,7 @@ where
 }
 
 /// What the report says about the scope and what it could see.
-fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device], sources: &[Source]) -> Vec<String> {
+fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, layers: &[Layer], sources: &[Source]) -> Vec<String> {
     let mut notes = Vec::new();
     if let ResolvedScope::Process { alongside_other_tests: true } = scope {
         notes.push(
@@ -128,12 +133,11 @@ fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, devices: &[Device],
         if !coverage.cpu {
             notes.push("the counting CPU allocator could not be installed: host memory was not counted".into());
         }
-        for (device, source) in devices.iter().zip(sources) {
+        for (layer, source) in layers.iter().zip(sources) {
             if let (Source::CudaStatistics, Err(why)) = (source, &coverage.cuda) {
                 notes.push(format!(
-                    "{} was counted from the CUDA allocator's statistics (exact bytes for the whole process): its \
-                     trace tracker could not attach ({why}), so no sites can be named there",
-                    crate::report::device_name(*device)
+                    "{layer} was counted from the CUDA allocator's statistics (exact bytes for the whole process): its \
+                     trace tracker could not attach ({why}), so no sites can be named there"
                 ));
             }
         }
@@ -151,14 +155,15 @@ struct Run<'a> {
     tracker: Tracker,
     /// The device-global view in thread scope.
     global: Option<Tracker>,
-    /// The devices whose memory is followed: the CPU and every CUDA device.
-    devices: Vec<Device>,
+    /// The layers whose memory is followed: the CPU's tensors, libtorch's
+    /// host objects, and every CUDA device's tensors.
+    layers: Vec<Layer>,
     /// What counts each of them.
     sources: Vec<Source>,
-    /// Live bytes per device before setup.
+    /// Live bytes per layer before setup.
     start: Vec<i64>,
     samples: Vec<Sample>,
-    /// Live bytes per device (as in `devices`) at each sample.
+    /// Live bytes per layer (as in `layers`) at each sample.
     levels: Vec<Vec<i64>>,
     global_levels: Vec<Vec<i64>>,
     before: Option<Snapshot>,
@@ -176,6 +181,9 @@ struct Run<'a> {
     time: HarnessTime,
     /// The process's threads when the body first ran (process scope).
     threads_at_start: Option<std::collections::BTreeSet<u32>>,
+    /// One CPU tensor's records in libtorch's host objects, as the canary
+    /// measured them.
+    records_per_tensor: i64,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -194,16 +202,16 @@ fn is_out_of_memory(message: &str) -> bool {
     m.contains("out of memory") || m.contains("defaultcpuallocator: can't allocate memory")
 }
 
-/// The CPU first, then every CUDA device of the machine where CUDA is
-/// loaded (nothing can allocate on CUDA otherwise; see
-/// `cuda::is_loaded`).
-fn followed_devices(body: Device) -> Vec<Device> {
-    let mut devices = vec![Device::Cpu];
-    devices.extend((0..crate::probe::cuda::loaded_device_count()).map(Device::Cuda));
-    if !devices.contains(&body) {
-        devices.push(body);
+/// The CPU's tensors and libtorch's host objects first, then every CUDA
+/// device of the machine where CUDA is loaded (nothing can allocate on CUDA
+/// otherwise; see `cuda::is_loaded`).
+fn followed_layers(body: Device) -> Vec<Layer> {
+    let mut layers = vec![Layer::Tensors(Device::Cpu), Layer::HostObjects];
+    layers.extend((0..crate::probe::cuda::loaded_device_count()).map(|i| Layer::Tensors(Device::Cuda(i))));
+    if !layers.contains(&Layer::Tensors(body)) {
+        layers.push(Layer::Tensors(body));
     }
-    devices
+    layers
 }
 
 impl<'a> Run<'a> {
@@ -216,9 +224,9 @@ impl<'a> Run<'a> {
         global: Option<Tracker>,
         coverage: &Coverage,
     ) -> Run<'a> {
-        let devices = followed_devices(device);
-        let sources: Vec<Source> = devices.iter().map(|&d| sources::choose(d, scope.is_process(), coverage)).collect();
-        let start = devices.iter().zip(&sources).map(|(&d, &source)| sources::level(source, d, &tracker)).collect();
+        let layers = followed_layers(device);
+        let sources: Vec<Source> = layers.iter().map(|&l| sources::choose(l, scope.is_process(), coverage)).collect();
+        let start = layers.iter().zip(&sources).map(|(&l, &source)| sources::level(source, l, &tracker)).collect();
         Run {
             test,
             settings,
@@ -226,7 +234,7 @@ impl<'a> Run<'a> {
             scope,
             tracker,
             global,
-            devices,
+            layers,
             sources,
             start,
             samples: Vec::new(),
@@ -242,6 +250,7 @@ impl<'a> Run<'a> {
             attribution_stopped: None,
             time: HarnessTime::default(),
             threads_at_start: None,
+            records_per_tensor: 0,
         }
     }
 
@@ -252,24 +261,28 @@ impl<'a> Run<'a> {
         let levels = self.levels_now();
         self.levels.push(levels);
         if let Some(global) = &self.global {
-            self.global_levels.push(self.devices.iter().map(|&d| global.live_bytes(d)).collect());
+            self.global_levels.push(self.layers.iter().map(|&l| global.layer_view(l).live_bytes).collect());
         }
         self.time.sampling += started.elapsed();
         snapshot
     }
 
-    /// Each followed device's live bytes now, as its source counts them.
+    /// Each followed layer's live bytes now, as its source counts them.
     fn levels_now(&self) -> Vec<i64> {
-        self.devices.iter().zip(&self.sources).map(|(&d, &source)| sources::level(source, d, &self.tracker)).collect()
+        self.layers.iter().zip(&self.sources).map(|(&l, &source)| sources::level(source, l, &self.tracker)).collect()
+    }
+
+    /// The index of the body's device's tensors in `layers`.
+    fn body(&self) -> usize {
+        self.layers.iter().position(|&l| l == Layer::Tensors(self.device)).expect("the body's device is followed")
     }
 
     /// Every view of the body's device, its exact count as its source
     /// counts it (the allocator's statistics, where they are the source).
     fn take_snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::take(self.device, &self.tracker);
-        let body = self.devices.iter().position(|&d| d == self.device);
         // The snapshot read the allocator's statistics already.
-        if let (Some(Source::CudaStatistics), Some(allocator)) = (body.map(|b| self.sources[b]), snapshot.allocator) {
+        if let (Source::CudaStatistics, Some(allocator)) = (self.sources[self.body()], snapshot.allocator) {
             snapshot.hook.live_bytes = allocator.allocated_bytes.current as i64;
             snapshot.hook.peak_bytes = allocator.allocated_bytes.peak as i64;
         }
@@ -284,7 +297,7 @@ impl<'a> Run<'a> {
         snapshot
     }
 
-    /// The exact series of one followed device, from the samples so far.
+    /// The exact series of one followed layer, from the samples so far.
     fn series(&self, index: usize) -> Series {
         let at = |phases: &[Phase]| -> Vec<i64> {
             self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(|(_, l)| l[index]).collect()
@@ -308,16 +321,16 @@ impl<'a> Run<'a> {
         std::iter::once(baseline).chain(measured).map(value).collect()
     }
 
-    /// The devices judged: the body's, and every device that saw an
+    /// The layers judged: the body's device's, and every layer that saw an
     /// allocation or a free during the test.
     fn judged(&self) -> Vec<usize> {
-        (0..self.devices.len())
+        (0..self.layers.len())
             .filter(|&i| {
-                let view = self.tracker.view(self.devices[i]);
+                let view = self.tracker.layer_view(self.layers[i]);
                 // Statistics give no events: a level that moved is the sign.
                 let moved = self.sources[i] == Source::CudaStatistics && self.levels.iter().any(|l| l[i] != self.start[i]);
                 let failed = self.verdicts.get(i).is_some_and(Verdict::is_failure);
-                self.devices[i] == self.device || view.allocations + view.frees > 0 || moved || failed
+                self.layers[i] == Layer::Tensors(self.device) || view.allocations + view.frees > 0 || moved || failed
             })
             .collect()
     }
@@ -375,10 +388,10 @@ impl<'a> Run<'a> {
             self.sample(Phase::Confirm, n);
         }
         self.after = Some(self.snapshot_now());
-        let body = self.devices.iter().position(|&d| d == self.device).expect("the body's device is followed");
-        self.peak_bytes = sources::peak(self.sources[body], self.device, &self.tracker) - self.start[body];
+        let body = self.body();
+        self.peak_bytes = sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body];
         let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
-        self.verdicts = (0..self.devices.len())
+        self.verdicts = (0..self.layers.len())
             .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
             .collect();
         let leaks: Vec<&verdict::Leak> =
@@ -386,6 +399,17 @@ impl<'a> Run<'a> {
         if leaks.is_empty() {
             return Ok(());
         }
+        // Beside a tensor leak, host objects that grow are usually the kept
+        // tensors' records, with libtorch's own bookkeeping of live blocks
+        // (a map that rehashes now and then): they set no iteration count.
+        let host = self.layers.iter().position(|&l| l == Layer::HostObjects);
+        let tensors_leak = self.judged().into_iter().any(|d| Some(d) != host && matches!(self.verdicts[d], Verdict::Leak(_)));
+        let leaks: Vec<&verdict::Leak> = self
+            .judged()
+            .into_iter()
+            .filter(|&d| !(tensors_leak && Some(d) == host))
+            .filter_map(|d| if let Verdict::Leak(l) = &self.verdicts[d] { Some(l) } else { None })
+            .collect();
         // Enough iterations that a leak every k-th iteration leaves a
         // survivor before the last one.
         let widest_gap = leaks
@@ -395,9 +419,11 @@ impl<'a> Run<'a> {
             .max()
             .unwrap_or(1);
         let mut count = settings.attribution_iterations.max(widest_gap + 1).max(1);
-        if leaks.iter().any(|leak| leak.drift.is_none()) {
-            // Growth with no exact pattern: enough iterations to follow each
-            // site (see verdict::replaced_each_iteration).
+        let host_objects_leak = !tensors_leak && host.is_some_and(|h| matches!(self.verdicts[h], Verdict::Leak(_)));
+        if host_objects_leak || leaks.iter().any(|leak| leak.drift.is_none()) {
+            // Growth with no exact pattern, or host objects (whose patterns
+            // attribution must back): enough iterations to follow each site
+            // (see verdict::replaced_each_iteration).
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
         // Attribution's samples count as attribution, not as sampling.
@@ -429,9 +455,9 @@ impl<'a> Run<'a> {
         let attribution = self.attribution.as_mut().expect("attribute sets it");
         for d in judged {
             let Verdict::Leak(leak) = &self.verdicts[d] else { continue };
-            let on = self.devices[d];
+            let on = self.layers[d];
             let suppressed = attribution.apply_suppressions(on, &settings.suppressions);
-            let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(device, _)| *device == on).map(|(_, l)| l.clone()).collect();
+            let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(layer, _)| *layer == on).map(|(_, l)| l.clone()).collect();
             let source = self.sources[d];
             if !source.attributable() && leak.drift.is_none() {
                 // Growth with no exact pattern is judged by the sites that
@@ -449,19 +475,44 @@ impl<'a> Run<'a> {
                 continue;
             }
             let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
-            self.verdicts[d] = verdict::after_attribution(leak, replaced, suppressed, threshold);
+            self.verdicts[d] = match on {
+                Layer::HostObjects => verdict::host_objects_after_attribution(leak, replaced, suppressed, threshold),
+                Layer::Tensors(_) => verdict::after_attribution(leak, replaced, suppressed, threshold),
+            };
         }
+        self.judge_host_objects_beside_kept_tensors();
         Ok(())
+    }
+
+    /// A kept tensor keeps its records in libtorch's host objects too: where
+    /// those grew by no more than the records of the tensors kept across
+    /// attribution's iterations (by a leak, a suppressed one, or a cache
+    /// filling up), they are part of that, not a second cause.
+    fn judge_host_objects_beside_kept_tensors(&mut self) {
+        let Some(host) = self.layers.iter().position(|&l| l == Layer::HostObjects) else { return };
+        let Verdict::Leak(leak) = &self.verdicts[host] else { return };
+        let Some(attribution) = &self.attribution else { return };
+        let kept_blocks: usize = attribution
+            .sites
+            .iter()
+            .filter(|s| s.layer != Layer::HostObjects && !s.only_last_iteration(attribution.iterations))
+            .map(|s| s.allocations)
+            .sum();
+        let tensors_per_iteration = kept_blocks as f64 / attribution.iterations.max(1) as f64;
+        if verdict::records_of_kept_tensors(leak.bytes_per_iteration, tensors_per_iteration, self.records_per_tensor) {
+            self.verdicts[host] =
+                Verdict::RecordsOfKeptTensors { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration };
+        }
     }
 
     /// Runs `count` attribution iterations with stack capture on and groups
     /// the allocations that survive them. Returns each site's live bytes
-    /// after every attribution iteration, by device.
+    /// after every attribution iteration, by layer.
     fn attribute(
         &mut self,
         iteration: &mut impl FnMut() -> std::result::Result<(), String>,
         count: u32,
-    ) -> std::result::Result<Vec<(Device, Vec<u64>)>, Verdict> {
+    ) -> std::result::Result<Vec<(Layer, Vec<u64>)>, Verdict> {
         self.tracker.clear_recorded();
         let watching = crate::refs::Watching::start();
         self.tracker.start_recording(1);
@@ -483,26 +534,23 @@ impl<'a> Run<'a> {
         let attribution = attribution::attribute(&survivors, count, &root);
         self.references = watching.finish(&survivors, &attribution);
         self.attribution = Some(attribution);
-        let sites: std::collections::BTreeSet<&(String, Vec<usize>)> =
+        let sites: std::collections::HashSet<&(Layer, Vec<usize>)> =
             by_stack_each_iteration.iter().flat_map(|m| m.keys()).collect();
         Ok(sites
             .into_iter()
-            .map(|key| {
-                let device = self.devices.iter().copied().find(|d| format!("{d:?}") == key.0).unwrap_or(Device::Cpu);
-                (device, by_stack_each_iteration.iter().map(|m| m.get(key).copied().unwrap_or(0)).collect())
-            })
+            .map(|key| (key.0, by_stack_each_iteration.iter().map(|m| m.get(key).copied().unwrap_or(0)).collect()))
             .collect())
     }
 
     /// A run stopped by a panic, an error or a failed start.
     fn stop(self, verdict: Verdict, started: Started) -> Report {
-        let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
+        let body = self.body();
         self.stop_on(body, verdict, started)
     }
 
     /// A run stopped before its body ran, by a verdict about one device.
     fn stop_on(mut self, index: usize, verdict: Verdict, started: Started) -> Report {
-        self.verdicts = vec![Verdict::Clean; self.devices.len()];
+        self.verdicts = vec![Verdict::Clean; self.layers.len()];
         self.verdicts[index] = verdict;
         self.finish(started)
     }
@@ -510,9 +558,9 @@ impl<'a> Run<'a> {
     fn finish(self, started: Started) -> Report {
         let settings = self.settings;
         let judged = self.judged();
-        // The verdict the test gets: a failure on any device (the biggest
+        // The verdict the test gets: a failure in any layer (the biggest
         // leak first), else the body's device's.
-        let body = self.devices.iter().position(|&d| d == self.device).unwrap_or(0);
+        let body = self.body();
         let rank = |v: &Verdict| match v {
             Verdict::Leak(leak) => (3, leak.bytes_per_iteration),
             v if v.is_failure() => (2, 0.0),
@@ -533,7 +581,8 @@ impl<'a> Run<'a> {
                     .zip(global)
                     .and_then(|(counted, global)| verdict::unexplained_growth(&counted, &global, settings.iterations));
                 DeviceResult {
-                    device: self.devices[d],
+                    device: self.layers[d].device(),
+                    layer: self.layers[d],
                     source: self.sources[d].name().to_string(),
                     verdict: self.verdicts.get(d).cloned().unwrap_or(Verdict::Clean),
                     levels: self.levels.iter().map(|l| l[d]).collect(),
@@ -567,7 +616,8 @@ impl<'a> Run<'a> {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
             device: self.device,
-            verdict_device: self.devices[chosen],
+            verdict_device: self.layers[chosen].device(),
+            verdict_layer: self.layers[chosen],
             expected_failure: self.test.expected_failure,
             scope: self.scope.name().to_string(),
             settings: RunSettings {
@@ -583,7 +633,7 @@ impl<'a> Run<'a> {
             peak_bytes: if self.peak_bytes != 0 {
                 self.peak_bytes
             } else {
-                sources::peak(self.sources[body], self.device, &self.tracker) - self.start[body]
+                sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body]
             },
             samples,
             before: self.before.as_ref().map(MemoryViews::from_snapshot),

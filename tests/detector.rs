@@ -4,7 +4,7 @@ mod common;
 
 use gpu_leak_test::verdict::{Phase, RetainedDuring};
 use common::{allocated_size, LineMark};
-use gpu_leak_test::{LeakTest, Verdict};
+use gpu_leak_test::{Layer, LeakTest, Verdict};
 use tch::{Device, Kind, Tensor};
 
 /// A leak test located at the line that calls this.
@@ -136,11 +136,17 @@ fn training_loop_that_keeps_losses_leaks(device: &str) {
         })
         .unwrap();
     println!("{report}");
-    let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };
-    // backward() freed the graph: only the scalar loss itself stays.
-    assert_eq!(leak.bytes_per_iteration, allocated_size(device, 4) as f64, "{report}");
+    // backward() freed the graph's buffers: the scalar loss stays, and its
+    // graph's nodes on the host, which outweigh it.
+    assert_eq!(report.verdict_layer, Layer::HostObjects, "{report}");
+    assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
+    let tensors = report.judged(Layer::Tensors(report.device)).unwrap();
+    let Verdict::Leak(scalar) = &tensors.verdict else { panic!("the kept scalars are a leak:\n{report}") };
+    assert_eq!(scalar.bytes_per_iteration, allocated_size(device, 4) as f64, "{report}");
     let location = mark.location("tests/detector.rs");
-    assert_eq!(report.top_site().unwrap().location.as_deref(), Some(location.as_str()), "{report}");
+    if common::sites_can_be_named(&report) {
+        assert_eq!(report.top_site().unwrap().location.as_deref(), Some(location.as_str()), "{report}");
+    }
 }
 
 fn training_loop_that_keeps_plain_numbers_is_clean(device: &str) {

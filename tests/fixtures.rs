@@ -9,7 +9,7 @@
 //! check that.
 mod common;
 
-use gpu_leak_test::{LeakTest, Report, Verdict};
+use gpu_leak_test::{Layer, LeakTest, Report, Verdict};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -149,8 +149,13 @@ struct Expect {
     /// forward, loss, retain, gradient.
     #[serde(default)]
     site: Option<String>,
+    /// Exact bytes per iteration of the body's device's tensors.
     #[serde(default)]
     bytes_per_iteration: Option<PerDevice<u64>>,
+    /// The layer the verdict is about, where it is not the body's device's
+    /// tensors: `host-objects` (libtorch's C++ heap).
+    #[serde(default)]
+    layer: Option<String>,
 }
 
 /// Lines of the executor below that allocate, so `expect.site` can name them.
@@ -282,10 +287,20 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
     if found != expected {
         return Err(format!("expected verdict {expected}, found {found}\n{report}"));
     }
+    let layer = match scenario.expect.layer.as_deref() {
+        None => Layer::Tensors(report.device),
+        Some(name) => Layer::from_name(name).ok_or_else(|| format!("expect.layer: {name:?} is not a layer; use host-objects"))?,
+    };
+    if report.verdict_layer != layer {
+        return Err(format!("expected the verdict in layer {layer}, found it in {}\n{report}", report.verdict_layer));
+    }
     if let Some(bytes) = &scenario.expect.bytes_per_iteration {
+        // Exact bytes of the body's device's tensors, whichever layer the
+        // verdict is in.
         let expected = bytes.on(report.device) as f64;
-        let found = match &report.verdict {
-            Verdict::Leak(leak) => leak.bytes_per_iteration,
+        let tensors = report.judged(Layer::Tensors(report.device)).map(|d| &d.verdict);
+        let found = match tensors {
+            Some(Verdict::Leak(leak)) => leak.bytes_per_iteration,
             _ => report.retained_growth_bytes() as f64 / report.settings.iterations as f64,
         };
         if found != expected {

@@ -89,7 +89,8 @@ fn stack_capture_names_this_file_and_line() {
     drop(dropped);
     tracker.stop_recording();
 
-    let survivors = tracker.recorded_survivors();
+    // The kept tensor's own records survive with it, in libtorch's host objects.
+    let survivors: Vec<_> = tracker.recorded_survivors().into_iter().filter(|s| !s.host_object).collect();
     assert_eq!(survivors.len(), 1, "only the kept tensor survives: {survivors:?}");
     let survivor = &survivors[0];
     assert_eq!((survivor.bytes, survivor.tag, survivor.on_owner_thread), (1332, 7, true));

@@ -12,6 +12,7 @@
 //! with an unresolved stack, for attribution after a test has failed.
 use super::stacks::Stack;
 use crate::error::{Error, Result};
+use crate::layer::Layer;
 use super::ffi;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -21,18 +22,23 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tch::Device;
 
-/// Slot 0 is the CPU, slots 1..=MAX_CUDA_DEVICES are cuda:0.., the last one
-/// collects anything else libtorch reports (MPS, XPU, ...).
+/// Slot 0 is the CPU, slots 1..=MAX_CUDA_DEVICES are cuda:0.., the next one
+/// collects anything else libtorch reports (MPS, XPU, ...), the last one is
+/// the C++ heap (libtorch's host objects).
 const MAX_CUDA_DEVICES: usize = 16;
-const SLOTS: usize = MAX_CUDA_DEVICES + 2;
-const OTHER_SLOT: usize = SLOTS - 1;
-/// libtorch's c10::DeviceType values.
+const SLOTS: usize = MAX_CUDA_DEVICES + 3;
+const OTHER_SLOT: usize = MAX_CUDA_DEVICES + 1;
+pub(super) const HOST_OBJECTS_SLOT: usize = MAX_CUDA_DEVICES + 2;
+/// libtorch's c10::DeviceType values, and the shim's own for the C++ heap
+/// (`kHostObjectsDeviceType` in csrc/shim.h).
 const DEVICE_TYPE_CPU: i32 = 0;
 const DEVICE_TYPE_CUDA: i32 = 1;
+const DEVICE_TYPE_HOST_OBJECTS: i32 = -2;
 
 fn slot_of_raw(device_type: i32, device_index: i32) -> usize {
     match device_type {
         DEVICE_TYPE_CPU => 0,
+        DEVICE_TYPE_HOST_OBJECTS => HOST_OBJECTS_SLOT,
         DEVICE_TYPE_CUDA if (0..MAX_CUDA_DEVICES as i32).contains(&device_index) => 1 + device_index as usize,
         // A CUDA event without an index belongs to the current device; libtorch
         // always sets it, so this is only a guard.
@@ -49,9 +55,16 @@ fn slot_of(device: Device) -> usize {
     }
 }
 
+fn slot_of_layer(layer: Layer) -> usize {
+    match layer {
+        Layer::Tensors(device) => slot_of(device),
+        Layer::HostObjects => HOST_OBJECTS_SLOT,
+    }
+}
+
 fn device_of_raw(device_type: i32, device_index: i32) -> Device {
     match device_type {
-        DEVICE_TYPE_CPU => Device::Cpu,
+        DEVICE_TYPE_CPU | DEVICE_TYPE_HOST_OBJECTS => Device::Cpu,
         DEVICE_TYPE_CUDA => Device::Cuda(device_index.max(0) as usize),
         _ => Device::Mps,
     }
@@ -97,6 +110,9 @@ pub struct LiveAllocation {
     pub address: usize,
     pub bytes: u64,
     pub device: Device,
+    /// A C++ heap block (one of libtorch's host objects: a graph node, a
+    /// `TensorImpl`), not tensor storage; its device is the CPU.
+    pub host_object: bool,
     /// The tag that was current when it was allocated (the harness uses the
     /// iteration number).
     pub tag: u32,
@@ -109,6 +125,17 @@ pub struct LiveAllocation {
     /// `None`.
     pub thread: Option<Arc<str>>,
     pub stack: Stack,
+}
+
+impl LiveAllocation {
+    /// The layer it counts in.
+    pub fn layer(&self) -> Layer {
+        if self.host_object {
+            Layer::HostObjects
+        } else {
+            Layer::Tensors(self.device)
+        }
+    }
 }
 
 /// A failed allocation libtorch reported (out of memory).
@@ -198,10 +225,10 @@ struct Counts {
     /// threads without it (on the CPU, sometimes with a stale size), and
     /// those are not the test's.
     blocks: BlockMap,
-    /// Frees of blocks this tracker never saw allocated.
+    /// Frees of tensor blocks this tracker never saw allocated.
     foreign_frees: u64,
-    /// Allocations made by threads other than the owner (autograd's device
-    /// threads, helpers the test entered the tracker on).
+    /// Tensor allocations made by threads other than the owner (autograd's
+    /// device threads, helpers the test entered the tracker on).
     allocations_on_other_threads: u64,
 }
 
@@ -225,7 +252,7 @@ impl TrackerState {
         if size > 0 {
             self.on_allocation(address, size as u64, device_type, device_index);
         } else if size < 0 {
-            self.on_free(address);
+            self.on_free(address, slot_of_raw(device_type, device_index));
         }
     }
 
@@ -241,6 +268,7 @@ impl TrackerState {
                 address,
                 bytes,
                 device: device_of_raw(device_type, device_index),
+                host_object: slot == HOST_OBJECTS_SLOT,
                 tag: self.tag.load(Relaxed),
                 on_owner_thread: !other_thread,
                 thread: if other_thread { current_thread_name() } else { None },
@@ -253,26 +281,33 @@ impl TrackerState {
         if let Some(old) = replaced {
             // The address is in use again, so its old block was freed where
             // the hook could not see it (a thread without the hook).
-            let old_slot = &mut counts.slots[old.slot];
-            old_slot.live -= old.bytes as i64;
-            old_slot.frees += 1;
+            counts.count_free(&old);
         }
         let counters = &mut counts.slots[slot];
         counters.live += bytes as i64;
         counters.allocations += 1;
         counters.peak = counters.peak.max(counters.live);
-        if other_thread {
+        if other_thread && slot != HOST_OBJECTS_SLOT {
             counts.allocations_on_other_threads += 1;
         }
     }
 
-    fn on_free(&self, address: usize) {
+    fn on_free(&self, address: usize, slot: usize) {
         let mut counts = lock(&self.counts);
         let Some(block) = counts.blocks.remove(&address) else {
-            counts.foreign_frees += 1;
+            // The C++ heap frees what it made before the test all the time.
+            if slot != HOST_OBJECTS_SLOT {
+                counts.foreign_frees += 1;
+            }
             return;
         };
-        let counters = &mut counts.slots[block.slot];
+        counts.count_free(&block);
+    }
+}
+
+impl Counts {
+    fn count_free(&mut self, block: &Block) {
+        let counters = &mut self.slots[block.slot];
         counters.live -= block.bytes as i64;
         counters.frees += 1;
     }
@@ -355,11 +390,17 @@ impl Tracker {
         lock(&self.state.counts).slots[slot_of(device)].live
     }
 
+    /// One layer's figures: a device's tensors, or the C++ heap.
+    pub fn layer_view(&self, layer: Layer) -> HookView {
+        let slot = lock(&self.state.counts).slots[slot_of_layer(layer)];
+        HookView { live_bytes: slot.live, peak_bytes: slot.peak, allocations: slot.allocations, frees: slot.frees }
+    }
+
     /// Devices other than `device` that saw events, with their views: a test
     /// measured on one device can still allocate on another.
     pub fn other_devices(&self, device: Device) -> Vec<(Device, HookView)> {
         let measured = slot_of(device);
-        (0..SLOTS)
+        (0..=OTHER_SLOT)
             .filter(|&slot| slot != measured)
             .filter_map(|slot| {
                 let dev = match slot {
@@ -386,8 +427,8 @@ impl Tracker {
     }
 
     /// Starts a new peak window: the peak becomes the current live bytes.
-    pub fn reset_peak(&self, device: Device) {
-        let slot = &mut lock(&self.state.counts).slots[slot_of(device)];
+    pub fn reset_peak(&self, layer: impl Into<Layer>) {
+        let slot = &mut lock(&self.state.counts).slots[slot_of_layer(layer.into())];
         slot.peak = slot.live;
     }
 
@@ -418,11 +459,11 @@ impl Tracker {
     /// Live bytes of the recorded blocks, summed per distinct stack: one
     /// entry per allocation site, for following each site's level from one
     /// iteration to the next.
-    /// Keyed by the device's name (`Cpu`, `Cuda(0)`) and the stack.
-    pub fn recorded_bytes_by_stack(&self) -> HashMap<(String, Vec<usize>), u64> {
-        let mut by_stack: HashMap<(String, Vec<usize>), u64> = HashMap::new();
+    /// Keyed by the layer and the stack.
+    pub fn recorded_bytes_by_stack(&self) -> HashMap<(Layer, Vec<usize>), u64> {
+        let mut by_stack: HashMap<(Layer, Vec<usize>), u64> = HashMap::new();
         for recorded in lock(&self.state.counts).blocks.values().filter_map(|b| b.recorded.as_deref()) {
-            *by_stack.entry((format!("{:?}", recorded.device), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
+            *by_stack.entry((recorded.layer(), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
         }
         by_stack
     }

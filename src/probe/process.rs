@@ -1,11 +1,12 @@
 //! Process scope: every allocation and free of the process, from any thread,
 //! fed into one [`Tracker`].
 //!
-//! Two sources report to it: a counting wrapper around libtorch's CPU
-//! allocator (installed once, it keeps the wrapped allocator's deleters), and
+//! Three sources report to it: a counting wrapper around libtorch's CPU
+//! allocator (installed once, it keeps the wrapped allocator's deleters),
 //! the CUDA caching allocator's trace tracker (attached once; the allocator's
-//! own history recording is left as the user set it). Both feed the sink only
-//! while an observation is open. Thread-scope tests open a shared observation
+//! own history recording is left as the user set it), and the C++ heap
+//! through the shim's operator new (libtorch's host objects). They feed the
+//! sink only while an observation is open. Thread-scope tests open a shared observation
 //! too and read it as the device-global view, to notice growth that their
 //! hooked threads do not explain.
 use super::hook::{Tracker, TrackerState};
@@ -123,6 +124,8 @@ impl Observation {
             SINK_TARGET.store(Arc::as_ptr(&tracker.state) as *mut TrackerState, Ordering::Release);
             // SAFETY: the sink is a plain extern "C" function that never unwinds.
             unsafe { ffi::glt_process_set_sink(Some(on_process_event)) };
+            // SAFETY: sets an atomic flag.
+            unsafe { ffi::glt_process_observe_host_objects(1) };
             observer.coverage = Coverage { cpu, cuda };
             observer.tracker = Some(tracker);
         } else if observer.coverage.cuda.is_err() {
@@ -150,6 +153,8 @@ impl Drop for Observation {
         if observer.users > 0 {
             return;
         }
+        // SAFETY: sets an atomic flag.
+        unsafe { ffi::glt_process_observe_host_objects(0) };
         SINK_TARGET.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(tracker) = observer.tracker.take() {
             tracker.forget_blocks();

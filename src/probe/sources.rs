@@ -8,9 +8,16 @@
 //! switched off), the test fails as "cannot measure", naming the device, the
 //! layer, the setting behind it and what to do. It is never "clean".
 //!
+//! libtorch's host objects (its C++ heap, counted through the shim's
+//! operator new) are proved by the same CPU canary: libtorch allocates the
+//! tensor's own records (`TensorImpl`, `StorageImpl`) there, so a binary
+//! where the replacement did not take is "cannot measure" too.
+//!
 //! The sources:
-//! - thread scope: the per-thread hook, on every device;
-//! - process scope: the counting CPU allocator on the CPU, plus the bytes
+//! - thread scope: the per-thread hook, on every layer (the C++ heap of the
+//!   hooked threads through the shim's operator new);
+//! - process scope: operator new for the whole process's C++ heap; the
+//!   counting CPU allocator on the CPU, plus the bytes
 //!   CUDA's caching host allocator holds where CUDA is loaded (a pinned
 //!   tensor is a CPU tensor); on CUDA the
 //!   caching allocator's trace tracker where it attaches (the native and
@@ -19,7 +26,8 @@
 //!   process, but no per-allocation events, so no sites).
 use super::hook::Tracker;
 use super::{cuda, process::Coverage};
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::layer::Layer;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use tch::Device;
 
 /// What counts one device's memory.
@@ -39,6 +47,9 @@ pub enum Source {
     /// The CUDA allocator's device statistics: `allocated_bytes`, for the
     /// whole process (process scope, where no trace tracker attaches).
     CudaStatistics,
+    /// The shim's replacement of operator new, for the whole process's C++
+    /// heap (process scope).
+    OperatorNew,
 }
 
 impl Source {
@@ -52,6 +63,7 @@ impl Source {
             }
             Source::CudaTrace => "the CUDA caching allocator's trace",
             Source::CudaStatistics => "the CUDA allocator's statistics",
+            Source::OperatorNew => "operator new (the process's C++ heap)",
         }
     }
 
@@ -61,103 +73,110 @@ impl Source {
         !matches!(self, Source::CudaStatistics)
     }
 
-    /// The memory it counts, as the report names the layer.
-    pub fn layer(device: Device) -> &'static str {
-        match device {
-            Device::Cpu => "host memory through libtorch's CPU allocator",
-            _ => "device memory through libtorch's CUDA allocator",
-        }
-    }
-
-    /// The verdict where this source cannot back one on `device`, and why.
-    pub(crate) fn cannot_measure(self, device: Device, reason: String) -> crate::verdict::Verdict {
-        crate::verdict::Verdict::CannotMeasure { layer: Self::layer(device).to_string(), source: self.name().to_string(), reason }
+    /// The verdict where this source cannot back one on `layer`, and why.
+    pub(crate) fn cannot_measure(self, layer: Layer, reason: String) -> crate::verdict::Verdict {
+        crate::verdict::Verdict::CannotMeasure { layer: layer.description().to_string(), source: self.name().to_string(), reason }
     }
 }
 
-/// The source that counts `device` in this scope.
-pub(crate) fn choose(device: Device, process_scope: bool, coverage: &Coverage) -> Source {
-    match (device, process_scope) {
+/// The source that counts `layer` in this scope.
+pub(crate) fn choose(layer: Layer, process_scope: bool, coverage: &Coverage) -> Source {
+    match (layer, process_scope) {
         (_, false) => Source::Hook,
-        (Device::Cpu, true) if cuda::pinned_held_bytes().is_some() => Source::CpuAndPinnedAllocators,
-        (Device::Cpu, true) => Source::CountingCpuAllocator,
+        (Layer::HostObjects, true) => Source::OperatorNew,
+        (Layer::Tensors(Device::Cpu), true) if cuda::pinned_held_bytes().is_some() => Source::CpuAndPinnedAllocators,
+        (Layer::Tensors(Device::Cpu), true) => Source::CountingCpuAllocator,
         (_, true) if coverage.cuda.is_ok() => Source::CudaTrace,
         (_, true) => Source::CudaStatistics,
     }
 }
 
-/// Live bytes on `device` as `source` counts them now.
-pub(crate) fn level(source: Source, device: Device, tracker: &Tracker) -> i64 {
-    match (source, device) {
+/// Live bytes in `layer` as `source` counts them now.
+pub(crate) fn level(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
+    match (source, layer) {
         // The tracker drops a switched-off device's events itself.
-        (Source::CudaStatistics, _) if is_switched_off(device) => 0,
-        (Source::CudaStatistics, Device::Cuda(index)) => {
+        (Source::CudaStatistics, _) if is_switched_off(layer.device()) => 0,
+        (Source::CudaStatistics, Layer::Tensors(Device::Cuda(index))) => {
             cuda::allocator_stats(index).map(|s| s.allocated_bytes.current as i64).unwrap_or(0)
         }
         (Source::CpuAndPinnedAllocators, _) => {
-            tracker.live_bytes(device) + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
+            tracker.layer_view(layer).live_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
         }
-        _ => tracker.live_bytes(device),
+        _ => tracker.layer_view(layer).live_bytes,
     }
 }
 
-/// The highest live bytes on `device` since the last [`reset_peak`].
-pub(crate) fn peak(source: Source, device: Device, tracker: &Tracker) -> i64 {
-    match (source, device) {
-        (Source::CudaStatistics, Device::Cuda(index)) => {
+/// The highest live bytes in `layer` since the last [`reset_peak`].
+pub(crate) fn peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
+    match (source, layer) {
+        (Source::CudaStatistics, Layer::Tensors(Device::Cuda(index))) => {
             cuda::allocator_stats(index).map(|s| s.allocated_bytes.peak as i64).unwrap_or(0)
         }
         // Two peaks taken apart: their sum bounds the peak of the sum.
         (Source::CpuAndPinnedAllocators, _) => {
-            tracker.view(device).peak_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.peak as i64)
+            tracker.layer_view(layer).peak_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.peak as i64)
         }
-        _ => tracker.view(device).peak_bytes,
+        _ => tracker.layer_view(layer).peak_bytes,
     }
 }
 
-/// Starts a new peak window on `device`. For the allocator's statistics this
+/// Starts a new peak window in `layer`. For the allocator's statistics this
 /// resets libtorch's own peak (`torch.cuda.reset_peak_memory_stats`), which
 /// a process-scope test has to itself.
-pub(crate) fn reset_peak(source: Source, device: Device, tracker: &Tracker) {
-    match (source, device) {
-        (Source::CudaStatistics, Device::Cuda(index)) => {
+pub(crate) fn reset_peak(source: Source, layer: Layer, tracker: &Tracker) {
+    match (source, layer) {
+        (Source::CudaStatistics, Layer::Tensors(Device::Cuda(index))) => {
             let _ = cuda::reset_peak_stats(index);
         }
-        _ => tracker.reset_peak(device),
+        _ => tracker.reset_peak(layer),
     }
 }
 
 /// Bytes of the canary: one block of the caching allocator, and exact on the CPU.
 const CANARY_BYTES: i64 = 512;
+/// The least a CPU canary's own records add to the C++ heap: its
+/// `TensorImpl` and `StorageImpl` (libtorch's operator new calls; about
+/// 300 B in 2.11), more than tch's own 8-byte handle (a 24 B block), which
+/// the test binary allocates itself and would count even where libtorch's
+/// calls did not reach the replacement.
+const HOST_RECORDS_CANARY_BYTES: i64 = 128;
 
-/// Allocates and frees a canary tensor on `device` (on this thread) and
-/// checks that `source` saw both, up to three tries (another thread's
-/// allocation in between can hide it once). Host memory that counts pinned
-/// bytes too is also proved with a pinned canary, where the body runs on
-/// CUDA (`body`). `Err` says why it is blind.
-pub(crate) fn prove(source: Source, device: Device, body: Device, tracker: &Tracker, coverage: &Coverage) -> Result<(), String> {
+/// Allocates and frees a canary tensor on `layer`'s device (on this
+/// thread) and checks that `source` saw both, up to three tries (another
+/// thread's allocation in between can hide it once). For the C++ heap the
+/// canary is a CPU tensor, whose records libtorch allocates there. Host
+/// memory that counts pinned bytes too is also proved with a pinned canary,
+/// where the body runs on CUDA (`body`). `Ok` is what the canary added to
+/// the layer (for the C++ heap, one tensor's records); `Err` says why it is
+/// blind.
+pub(crate) fn prove(source: Source, layer: Layer, body: Device, tracker: &Tracker, coverage: &Coverage) -> Result<i64, String> {
+    let device = layer.device();
     let sync = || {
         if let Device::Cuda(index) = device {
             let _ = cuda::synchronize(index);
         }
     };
-    let seen = (0..3).any(|_| {
-        let before = level(source, device, tracker);
+    let least = if layer == Layer::HostObjects { HOST_RECORDS_CANARY_BYTES } else { CANARY_BYTES };
+    let seen = (0..3).find_map(|_| {
+        let before = level(source, layer, tracker);
         let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device));
         sync();
-        let with = level(source, device, tracker);
+        let with = level(source, layer, tracker);
         drop(canary);
         sync();
-        let after = level(source, device, tracker);
-        with - before >= CANARY_BYTES && with - after >= CANARY_BYTES
+        let after = level(source, layer, tracker);
+        (with - before >= least && with - after >= least).then_some(with - before)
     });
-    if !seen {
-        return Err(blind_reason(source, device, coverage));
-    }
-    reset_peak(source, device, tracker);
+    let Some(added) = seen else {
+        return Err(match layer {
+            Layer::HostObjects => host_objects_blind_reason(source),
+            Layer::Tensors(device) => blind_reason(source, device, coverage),
+        });
+    };
+    reset_peak(source, layer, tracker);
     match (source, body) {
-        (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned(body),
-        _ => Ok(()),
+        (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned(body).map(|()| added),
+        _ => Ok(added),
     }
 }
 
@@ -183,6 +202,26 @@ fn prove_pinned(cuda: Device) -> Result<(), String> {
         "before the body ran, a {CANARY_BYTES} B pinned canary tensor (pin_memory) was not seen by the pinned host \
          allocator's statistics"
     ))
+}
+
+/// Why the C++ heap missed the canary's records, and what to do.
+fn host_objects_blind_reason(source: Source) -> String {
+    let mut reason = format!(
+        "before the body ran, the {HOST_RECORDS_CANARY_BYTES} B or more of C++ objects libtorch allocates for a \
+         canary tensor (its TensorImpl and StorageImpl) were not seen by {}",
+        source.name()
+    );
+    if HOST_OBJECTS_SWITCHED_OFF.load(Ordering::Relaxed) {
+        reason += ": the C++ heap's count was switched off for a test \
+                   (gpu_leak_test::internals::probe::sources::switch_off_host_objects)";
+    } else {
+        reason += ". gpu-leak-test counts libtorch's host objects by replacing operator new in the test binary, \
+                   and libtorch's calls did not reach it: the binary links the C++ runtime statically, or another \
+                   library in it replaces operator new too (a memory profiler, tcmalloc or jemalloc's C++ \
+                   interposition). Link libstdc++ dynamically in test binaries, or load the other allocator only \
+                   outside leak tests";
+    }
+    reason
 }
 
 /// Why `source` missed the canary on `device`, and what to do.
@@ -239,11 +278,28 @@ pub fn switch_off(device: Device, off: bool) {
     }
 }
 
+/// The C++ heap's share of host memory, switched off by a test.
+static HOST_OBJECTS_SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Makes the C++ heap's count blind (`off = true`) or sighted again: for
+/// tests of the "cannot measure" verdict. Not for users.
+#[doc(hidden)]
+pub fn switch_off_host_objects(off: bool) {
+    HOST_OBJECTS_SWITCHED_OFF.store(off, Ordering::Relaxed);
+    let bit = 1 << super::hook::HOST_OBJECTS_SLOT;
+    if off {
+        SWITCHED_OFF.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        SWITCHED_OFF.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
 fn is_switched_off(device: Device) -> bool {
     SWITCHED_OFF.load(Ordering::Relaxed) & bit(device) != 0
 }
 
-/// True where events of tracker slot `slot` (0 the CPU, N+1 cuda:N) are
+/// True where events of tracker slot `slot` (0 the CPU, N+1 cuda:N, the
+/// C++ heap's) are
 /// to be dropped: one relaxed load per event, zero outside such tests.
 #[inline]
 pub(crate) fn slot_switched_off(slot: usize) -> bool {

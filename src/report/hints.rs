@@ -13,7 +13,7 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
                 .attribution
                 .iter()
                 .flat_map(|a| &a.sites)
-                .filter(|s| s.device == report.verdict_device)
+                .filter(|s| s.layer == report.verdict_layer)
                 .collect();
             // Autograd's threads run backward() with no frame of the user's.
             if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
@@ -24,7 +24,15 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
                         .into(),
                 );
             }
-            if let Some(top) = sites.first() {
+            if let (Some(top), crate::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
+                let place = top.location.as_deref().unwrap_or("the site above");
+                hints.push(format!(
+                    "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
+                     you keep across iterations still holds its autograd graph (`total = total + loss` \
+                     keeps every step's nodes). Keep plain numbers (`total += loss.double_value(&[])`), or `detach()` \
+                     what you keep."
+                ));
+            } else if let Some(top) = sites.first() {
                 let place = top.location.as_deref().unwrap_or("the site above");
                 hints.push(format!(
                     "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \

@@ -7,7 +7,7 @@ pub(crate) mod hints;
 pub mod page;
 pub mod json;
 pub mod svg;
-mod text;
+pub(crate) mod text;
 
 pub use files::ReportFiles;
 pub use format::{bytes, device_name, signed_bytes, thousands};
@@ -38,6 +38,11 @@ pub(crate) mod device_serde {
                 .ok_or_else(|| serde::de::Error::custom(format!("{other:?} is not a device name"))),
         }
     }
+}
+
+/// Reports written before layers were named judged tensors only.
+pub(crate) fn tensors_on_cpu() -> crate::Layer {
+    crate::Layer::Tensors(Device::Cpu)
 }
 
 /// The settings a run used, after attribute, environment and defaults.
@@ -138,9 +143,13 @@ impl MemoryViews {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct DeviceResult {
-    /// The device judged.
+    /// The device whose memory was judged (the CPU for libtorch's host
+    /// objects).
     #[serde(with = "device_serde")]
     pub device: Device,
+    /// The layer judged: the device's tensors, or libtorch's host objects.
+    #[serde(default = "crate::report::tensors_on_cpu")]
+    pub layer: crate::Layer,
     /// What counted it (`the counting CPU allocator`, `the CUDA caching
     /// allocator's trace`, ...), after a canary allocation proved that it
     /// sees there.
@@ -213,6 +222,9 @@ pub struct Report {
     /// The device the verdict is about: a failing one where any failed.
     #[serde(with = "device_serde")]
     pub verdict_device: Device,
+    /// The layer the verdict is about, on that device.
+    #[serde(default = "crate::report::tensors_on_cpu")]
+    pub verdict_layer: crate::Layer,
     /// `"thread"` or `"process"`: whose allocations were counted.
     pub scope: String,
     /// The test expects to fail (`#[should_panic]`): the index shows a
@@ -312,8 +324,15 @@ impl Report {
         }
     }
 
-    /// The biggest allocation site, if attribution ran and found survivors.
+    /// The biggest allocation site in the verdict's layer (else in any), if
+    /// attribution ran and found survivors.
     pub fn top_site(&self) -> Option<&crate::attribution::Site> {
-        self.attribution.as_ref().and_then(|a| a.sites.first())
+        let sites = &self.attribution.as_ref()?.sites;
+        sites.iter().find(|s| s.layer == self.verdict_layer).or(sites.first())
+    }
+
+    /// What was judged in `layer`, where it was judged.
+    pub fn judged(&self, layer: crate::Layer) -> Option<&DeviceResult> {
+        self.devices.iter().find(|d| d.layer == layer)
     }
 }

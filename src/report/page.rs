@@ -27,7 +27,7 @@ pub fn render(report: &Report) -> String {
          <p id=\"verdict\" class=\"{status}\"><b>{verdict}</b> on {device} ({scope} scope){body}{location}</p>\n",
         test = escape(&report.test),
         verdict = escape(&report.verdict.label().replace('_', " ")),
-        device = escape(&device_name(report.verdict_device)),
+        device = escape(&super::text::place(report)),
         scope = escape(&report.scope),
         body = if report.verdict_device != report.device {
             format!("; the body ran on {}", escape(&device_name(report.device)))
@@ -55,7 +55,7 @@ fn settings_and_devices(report: &Report, html: &mut String) {
         html,
         "<h2>Settings</h2>\n<table id=\"settings\"><tr><th>warm-up</th><td>{}</td></tr><tr><th>measured</th><td>{}</td></tr>\
          <tr><th>threshold</th><td>{}</td></tr><tr><th>peak budget</th><td>{}</td></tr><tr><th>attribution</th><td>{}</td></tr></table>\n\
-         <h2>Devices judged</h2>\n<table id=\"devices\"><tr><th>device</th><th>verdict</th></tr>\n",
+         <h2>Layers judged</h2>\n<table id=\"devices\"><tr><th>layer</th><th>what it is</th><th>verdict</th></tr>\n",
         s.warmup,
         s.iterations,
         bytes(s.threshold_bytes),
@@ -65,8 +65,9 @@ fn settings_and_devices(report: &Report, html: &mut String) {
     for d in &report.devices {
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td></tr>",
-            escape(&device_name(d.device)),
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&d.layer.name()),
+            escape(d.layer.description()),
             escape(&d.verdict.label().replace('_', " "))
         );
     }

@@ -61,7 +61,10 @@ fn tick_label(value: f64, unit: f64, name: &str) -> String {
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let n = samples.len().max(2);
-    let live = format!("tensors alive on {} (exact)", device_name(report.verdict_device));
+    let live = match report.verdict_layer {
+        crate::Layer::HostObjects => "libtorch's host objects (exact)".to_string(),
+        _ => format!("tensors alive on {} (exact)", device_name(report.verdict_device)),
+    };
     let mut series: Vec<(String, &str, &str, Vec<Option<f64>>)> = vec![
         (live, LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
         ("allocator allocated".into(), ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
@@ -69,9 +72,12 @@ pub fn timeline(report: &Report) -> String {
         ("driver used".into(), DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
     ];
     // One exact line per other judged device, drawn under the main one.
-    let others = report.devices.iter().filter(|d| d.device != report.verdict_device && d.levels.len() == samples.len());
+    let others = report.devices.iter().filter(|d| d.layer != report.verdict_layer && d.levels.len() == samples.len());
     for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
-        let name = format!("tensors alive on {} (exact, {})", device_name(d.device), d.verdict.label());
+        let name = match d.layer {
+            crate::Layer::HostObjects => format!("libtorch's host objects (exact, {})", d.verdict.label()),
+            _ => format!("tensors alive on {} (exact, {})", device_name(d.device), d.verdict.label()),
+        };
         series.insert(1, (name, color, "4 2", d.levels.iter().map(|&v| Some(v as f64)).collect()));
     }
     // Every series as its change since the sample before the first measured

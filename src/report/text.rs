@@ -28,6 +28,7 @@ fn headline(report: &Report) -> String {
         Verdict::OutOfMemory { .. } => "OUT OF MEMORY".to_string(),
         Verdict::BodyError { .. } => "ERROR".to_string(),
         Verdict::CannotMeasure { .. } => "CANNOT MEASURE".to_string(),
+        Verdict::RecordsOfKeptTensors { .. } => "passed: the records of tensors kept elsewhere".to_string(),
     };
     let location = report.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
     let body = if report.verdict_device != report.device {
@@ -35,7 +36,16 @@ fn headline(report: &Report) -> String {
     } else {
         String::new()
     };
-    format!("gpu-leak-test: {what} in `{}`{location} on {}{body}", report.test, device_name(report.verdict_device))
+    format!("gpu-leak-test: {what} in `{}`{location} on {}{body}", report.test, place(report))
+}
+
+/// Where the verdict is: the device, and the layer where it is not the
+/// device's tensors.
+pub(crate) fn place(report: &Report) -> String {
+    match report.verdict_layer {
+        crate::Layer::HostObjects => format!("{} (libtorch's host objects)", device_name(report.verdict_device)),
+        _ => device_name(report.verdict_device),
+    }
 }
 
 /// One line for a passing test (shown with --nocapture): its real verdict.
@@ -73,14 +83,14 @@ pub(crate) fn passing_line(report: &Report) -> String {
     let others: Vec<String> = report
         .devices
         .iter()
-        .filter(|d| d.device != report.verdict_device)
-        .map(|d| format!("{} {}", device_name(d.device), d.verdict.label()))
+        .filter(|d| d.layer != report.verdict_layer)
+        .map(|d| format!("{} {}", d.layer, d.verdict.label()))
         .collect();
     let others = if others.is_empty() { String::new() } else { format!("; also judged: {}", others.join(", ")) };
     format!(
         "gpu-leak-test: {} {what} on {} over {} measured iterations ({} scope){others}",
         report.test,
-        device_name(report.verdict_device),
+        place(report),
         report.settings.iterations,
         report.scope
     )
@@ -125,6 +135,23 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 let every = if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
                 let _ = writeln!(out, "  It grew by exactly {} {every}, to the end of the confirmation window.", bytes(grown.max(0) as u64));
             }
+            if report.verdict_layer == crate::Layer::HostObjects {
+                let _ = writeln!(
+                    out,
+                    "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
+                     records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
+                );
+            }
+        }
+        Verdict::RecordsOfKeptTensors { retained_bytes, bytes_per_iteration } => {
+            let _ = writeln!(
+                out,
+                "  libtorch's host objects grew {} ({} per iteration): no more than the records (TensorImpl, \
+                 StorageImpl, handle) of the tensors kept by the leak beside it, so part of that leak, not a \
+                 second cause.",
+                bytes((*retained_bytes).max(0) as u64),
+                bytes(bytes_per_iteration.round().max(0.0) as u64)
+            );
         }
         Verdict::Plateau { bytes: kept, settled_at } => {
             let _ = writeln!(
@@ -196,7 +223,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
             let _ = writeln!(
                 out,
                 "  No verdict could be backed: {source} cannot judge {layer} on {} here. It is a failure, not a pass:",
-                device_name(report.verdict_device)
+                place(report)
             );
             let _ = writeln!(out, "  {reason}.");
         }
@@ -235,11 +262,14 @@ fn attribution_lines(report: &Report, out: &mut String) {
     }
     let _ = writeln!(out, "    {:>22}  {:>6}  {:>16}  {:<10}  site", "bytes", "allocs", "per iteration", "iterations");
     for site in attribution.sites.iter().take(8) {
-        let note = match &site.suppressed_by {
+        let mut note = match &site.suppressed_by {
             Some(reason) => format!("  (suppressed: {reason})"),
             None if site.only_last_iteration(last) => "  (last iteration only: replaced each time, not piling up)".into(),
             None => String::new(),
         };
+        if site.layer == crate::Layer::HostObjects {
+            note.insert_str(0, "  [host objects]");
+        }
         let _ = writeln!(
             out,
             "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
@@ -440,21 +470,21 @@ impl fmt::Display for Report {
             );
         }
         if self.devices.len() > 1 {
-            let _ = writeln!(out, "\n  Judged per device ({} scope):", self.scope);
+            let _ = writeln!(out, "\n  Judged per layer ({} scope):", self.scope);
             for d in &self.devices {
                 let (first, last) = measured_span(self, &d.levels);
                 let _ = writeln!(
                     out,
-                    "    {:<8} {:<20} {:>26} over the measured iterations, counted by {}{}",
-                    device_name(d.device),
+                    "    {:<12} {:<23} {:>26} over the measured iterations, counted by {}{}",
+                    d.layer.name(),
                     d.verdict.label(),
                     signed_bytes(last - first),
                     d.source,
-                    if d.device == self.verdict_device { "  <- this verdict" } else { "" }
+                    if d.layer == self.verdict_layer { "  <- this verdict" } else { "" }
                 );
             }
         } else if let Some(d) = self.devices.first() {
-            let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", device_name(d.device), d.source, self.scope);
+            let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", d.layer, d.source, self.scope);
         }
         for note in &self.notes {
             let _ = writeln!(out, "\n  Note: {note}");

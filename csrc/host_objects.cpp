@@ -1,0 +1,159 @@
+// libtorch's host objects: the C++ heap, counted exactly.
+//
+// Autograd's graph nodes, saved-variable records, TensorImpls and
+// libtorch's containers come from C++ operator new, not from the CPU
+// allocator that counts tensor storage. A program may replace the global
+// allocation functions, and the definition in the executable replaces the
+// library's for every shared object, libtorch included ([replacement.
+// functions]); this file is linked into every test binary that uses
+// gpu-leak-test, so these definitions are the process's.
+//
+// They forward to malloc and free. Each block counts its malloc_usable_size,
+// which the Rust side keeps per block, so a free subtracts what its
+// allocation added. Rust's heap does not go through operator new: a test's
+// own Vec<f64> is not counted here.
+//
+// Outside leak tests the cost is one relaxed load per call. A thread-local
+// flag keeps the count from counting itself.
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <malloc.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "shim.h"
+
+namespace {
+
+// Trivial thread-local state: safe to touch while a thread is torn down.
+thread_local bool reporting = false;
+
+inline bool counting() {
+  return glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
+         glt::host_objects_observed.load(std::memory_order_relaxed) != 0;
+}
+
+void report(void* ptr, int64_t size) {
+  if (reporting) {
+    return;
+  }
+  reporting = true;
+  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0) {
+    glt::report_host_object_to_hook(ptr, size);
+  }
+  if (glt::host_objects_observed.load(std::memory_order_relaxed) != 0) {
+    glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
+  }
+  reporting = false;
+}
+
+inline void* counted(void* ptr) {
+  if (ptr != nullptr && counting()) {
+    report(ptr, static_cast<int64_t>(malloc_usable_size(ptr)));
+  }
+  return ptr;
+}
+
+inline void release(void* ptr) noexcept {
+  if (ptr == nullptr) {
+    return;
+  }
+  if (counting()) {
+    report(ptr, -1);
+  }
+  std::free(ptr);
+}
+
+// The standard's loop: call the new-handler until it gives memory or throws.
+void* allocate(std::size_t bytes) {
+  if (bytes == 0) {
+    bytes = 1;
+  }
+  for (;;) {
+    if (void* ptr = std::malloc(bytes)) {
+      return counted(ptr);
+    }
+    std::new_handler handler = std::get_new_handler();
+    if (handler == nullptr) {
+      throw std::bad_alloc();
+    }
+    handler();
+  }
+}
+
+void* allocate_aligned(std::size_t bytes, std::align_val_t alignment) {
+  std::size_t align = static_cast<std::size_t>(alignment);
+  if (align < sizeof(void*)) {
+    align = sizeof(void*);
+  }
+  if (bytes == 0) {
+    bytes = 1;
+  }
+  for (;;) {
+    void* ptr = nullptr;
+    if (posix_memalign(&ptr, align, bytes) == 0 && ptr != nullptr) {
+      return counted(ptr);
+    }
+    std::new_handler handler = std::get_new_handler();
+    if (handler == nullptr) {
+      throw std::bad_alloc();
+    }
+    handler();
+  }
+}
+
+template <typename F>
+void* without_throwing(F&& allocate_block) noexcept {
+  try {
+    return allocate_block();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+void* operator new(std::size_t bytes) { return allocate(bytes); }
+void* operator new[](std::size_t bytes) { return allocate(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  return without_throwing([&] { return allocate(bytes); });
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
+  return without_throwing([&] { return allocate(bytes); });
+}
+void* operator new(std::size_t bytes, std::align_val_t alignment) { return allocate_aligned(bytes, alignment); }
+void* operator new[](std::size_t bytes, std::align_val_t alignment) { return allocate_aligned(bytes, alignment); }
+void* operator new(std::size_t bytes, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+  return without_throwing([&] { return allocate_aligned(bytes, alignment); });
+}
+void* operator new[](std::size_t bytes, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+  return without_throwing([&] { return allocate_aligned(bytes, alignment); });
+}
+
+void operator delete(void* ptr) noexcept { release(ptr); }
+void operator delete[](void* ptr) noexcept { release(ptr); }
+void operator delete(void* ptr, std::size_t) noexcept { release(ptr); }
+void operator delete[](void* ptr, std::size_t) noexcept { release(ptr); }
+void operator delete(void* ptr, const std::nothrow_t&) noexcept { release(ptr); }
+void operator delete[](void* ptr, const std::nothrow_t&) noexcept { release(ptr); }
+void operator delete(void* ptr, std::align_val_t) noexcept { release(ptr); }
+void operator delete[](void* ptr, std::align_val_t) noexcept { release(ptr); }
+void operator delete(void* ptr, std::size_t, std::align_val_t) noexcept { release(ptr); }
+void operator delete[](void* ptr, std::size_t, std::align_val_t) noexcept { release(ptr); }
+void operator delete(void* ptr, std::align_val_t, const std::nothrow_t&) noexcept { release(ptr); }
+void operator delete[](void* ptr, std::align_val_t, const std::nothrow_t&) noexcept { release(ptr); }
+
+namespace glt {
+std::atomic<int> host_object_hooks{0};
+std::atomic<int> host_objects_observed{0};
+}  // namespace glt
+
+extern "C" {
+// Starts (observed = 1) or stops (0) reporting the process's C++ heap to the
+// process-wide sink: only while an observation is open, so operator new
+// costs one load outside leak tests.
+void glt_process_observe_host_objects(int observed) {
+  glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_relaxed);
+}
+}

@@ -1,0 +1,26 @@
+// What shim.cpp shares with host_objects.cpp: where C++ heap events go.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace glt {
+
+// The device type the Rust side reads as "libtorch's host objects": the C++
+// heap, counted through the replaceable operator new (host_objects.cpp).
+// c10's device types are all >= 0.
+constexpr int32_t kHostObjectsDeviceType = -2;
+
+// Threads with a gpu-leak-test hook pushed, and whether a process-wide
+// observation is open: operator new reports only while one is non-zero.
+extern std::atomic<int> host_object_hooks;
+extern std::atomic<int> host_objects_observed;
+
+// Reports a C++ heap block (size > 0, its usable size) or its free
+// (size < 0) to the hook on this thread, where there is one.
+void report_host_object_to_hook(void* ptr, int64_t size);
+
+// Reports an event to the process-wide sink, where one is set.
+void report_process_event(void* ptr, int64_t size, int32_t device_type, int32_t index);
+
+}  // namespace glt

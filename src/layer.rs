@@ -1,0 +1,97 @@
+//! The layers of memory a leak test judges, each with its own source and
+//! verdict.
+use std::fmt;
+use tch::Device;
+
+/// One judged layer of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layer {
+    /// Tensor memory libtorch allocates on a device: host memory through its
+    /// CPU allocator on the CPU (pinned host memory too, in process scope),
+    /// device memory through its CUDA allocator on CUDA.
+    Tensors(Device),
+    /// libtorch's C++ heap on the host: autograd's graph nodes,
+    /// saved-variable records, `TensorImpl`s and libtorch's own containers,
+    /// counted through operator new. Rust's heap (a `Vec<f64>` of losses) is
+    /// not in it.
+    HostObjects,
+}
+
+impl Layer {
+    /// The device whose memory it is: the CPU for the C++ heap.
+    pub fn device(self) -> Device {
+        match self {
+            Layer::Tensors(device) => device,
+            Layer::HostObjects => Device::Cpu,
+        }
+    }
+
+    /// Its name in reports and the JSON: `cpu`, `cuda:0`, `host-objects`.
+    pub fn name(self) -> String {
+        match self {
+            Layer::Tensors(device) => crate::report::device_name(device),
+            Layer::HostObjects => HOST_OBJECTS.to_string(),
+        }
+    }
+
+    /// The inverse of [`Layer::name`].
+    pub fn from_name(name: &str) -> Option<Layer> {
+        match name {
+            HOST_OBJECTS => Some(Layer::HostObjects),
+            "cpu" => Some(Layer::Tensors(Device::Cpu)),
+            other => other.strip_prefix("cuda:")?.parse().ok().map(|index| Layer::Tensors(Device::Cuda(index))),
+        }
+    }
+
+    /// What memory it is, for a reader.
+    pub fn description(self) -> &'static str {
+        match self {
+            Layer::Tensors(Device::Cpu) => "host memory through libtorch's CPU allocator (tensor storage)",
+            Layer::Tensors(_) => "device memory through libtorch's CUDA allocator",
+            Layer::HostObjects => {
+                "libtorch's host objects: its C++ heap (autograd graph nodes, saved-variable records, TensorImpls)"
+            }
+        }
+    }
+}
+
+const HOST_OBJECTS: &str = "host-objects";
+
+impl From<Device> for Layer {
+    fn from(device: Device) -> Layer {
+        Layer::Tensors(device)
+    }
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl serde::Serialize for Layer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Layer {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Layer, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+        Layer::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a layer name")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layer_reads_back_from_its_name() {
+        for layer in [Layer::Tensors(Device::Cpu), Layer::Tensors(Device::Cuda(3)), Layer::HostObjects] {
+            assert_eq!(Layer::from_name(&layer.name()), Some(layer));
+        }
+        assert_eq!(Layer::from_name("gpu"), None);
+        assert_eq!(Layer::HostObjects.device(), Device::Cpu);
+    }
+}
