@@ -166,19 +166,36 @@ impl TrainingStep for LstmStep {
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Variant {
     Plain,
+    /// Thread scope: tensors and libtorch's host objects (operator new).
     Counting,
-    /// Every thread counted: the counting CPU allocator and the CUDA trace
-    /// tracker feed a tracker.
+    /// Every thread counted: the counting CPU allocator, the CUDA trace
+    /// tracker and operator new feed a tracker.
     Process,
     Attribution,
+    /// The two counting variants without libtorch's host objects (operator
+    /// new reports nothing): what that layer costs, in the same run.
+    CountingTensorsOnly,
+    ProcessTensorsOnly,
 }
+
+const VARIANTS: [Variant; 6] = [
+    Variant::Plain,
+    Variant::Counting,
+    Variant::Process,
+    Variant::Attribution,
+    Variant::CountingTensorsOnly,
+    Variant::ProcessTensorsOnly,
+];
 
 /// Runs `f` under `variant`, as a leak test would run its body: the sources
 /// of the variant installed, and stack walks ending at this frame.
 fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
-    let observation = (variant == Variant::Process).then(|| Observation::open(true).unwrap());
+    let tensors_only = matches!(variant, Variant::CountingTensorsOnly | Variant::ProcessTensorsOnly);
+    gpu_leak_test::internals::probe::sources::switch_off_host_objects(tensors_only);
+    let observation = matches!(variant, Variant::Process | Variant::ProcessTensorsOnly).then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
-    let hook = matches!(variant, Variant::Counting | Variant::Attribution).then(|| tracker.enter().unwrap());
+    let hook =
+        matches!(variant, Variant::Counting | Variant::Attribution | Variant::CountingTensorsOnly).then(|| tracker.enter().unwrap());
     if variant == Variant::Attribution {
         tracker.start_recording(1);
     }
@@ -186,6 +203,7 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     tracker.stop_recording();
     drop(hook);
     drop(observation);
+    gpu_leak_test::internals::probe::sources::switch_off_host_objects(false);
     value
 }
 
@@ -210,7 +228,7 @@ fn summary(values: &mut [f64]) -> (f64, f64, f64) {
 /// Allocator events (allocations and frees, every device) of one step, as
 /// the hook counts them on the step's threads and as the process-wide
 /// sources count them.
-fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64) {
+fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64, u64) {
     let events = |tracker: &Tracker| -> u64 {
         [Device::Cpu, device].iter().take(if device == Device::Cpu { 1 } else { 2 }).map(|&d| {
             let view = tracker.view(d);
@@ -228,14 +246,15 @@ fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64) {
     sync(device);
     let process = events(observation.tracker());
     drop(observation);
-    (events(&tracker), process)
+    let host = tracker.layer_view(gpu_leak_test::Layer::HostObjects);
+    (events(&tracker), process, host.allocations + host.frees)
 }
 
 /// The variants of one step, alternating round by round: ratios to plain,
 /// and what each costs per allocator event.
 fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     // Warm-up: optimizer state, workspaces, the unwinder's module list.
-    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
+    let variants = VARIANTS;
     for variant in variants {
         time_variant(step, device, variant, 3);
     }
@@ -243,12 +262,12 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     // enough that a slow step (the CPU's LSTM) does not take minutes.
     let estimate = time_variant(step, device, Variant::Plain, 3);
     let steps_per_round = ((0.3 / estimate).round() as usize).max(3).min(scale.steps_per_round);
-    let (events, process_events) = events_per_step(step, device);
+    let (events, process_events, host_events) = events_per_step(step, device);
     let mut plain_times = Vec::new();
-    let mut ratios: [Vec<f64>; 3] = Default::default();
-    let mut per_event_ns: [Vec<f64>; 3] = Default::default();
+    let mut ratios: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
+    let mut per_event_ns: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
     for round in 0..scale.rounds {
-        let mut times = [0.0; 4];
+        let mut times = [0.0; VARIANTS.len()];
         for k in 0..variants.len() {
             // Rotate the order every round so drift hits every variant alike.
             let index = (k + round) % variants.len();
@@ -269,7 +288,8 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     println!("### {} on {device:?}\n", step.describe());
     println!(
         "{} rounds of {} steps per variant, variants alternating; plain step {:.3} ms (median); {events} allocator events \
-         per step (allocations and frees) on the step's threads, {process_events} in the whole process; libtorch intra-op threads: {}.\n",
+         per step (allocations and frees) on the step's threads, {process_events} in the whole process, and \
+         {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {}.\n",
         scale.rounds,
         steps_per_round,
         plain * 1e3,
@@ -281,9 +301,11 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     println!("| variant | ratio to plain: median | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- |");
     println!("| plain (no hook) | 1.000 | | | |");
     let names = [
-        "passing leak test, thread scope (hook, counting)",
-        "passing leak test, process scope (every thread, counting)",
+        "passing leak test, thread scope (hook, counting, all layers)",
+        "passing leak test, process scope (every thread, counting, all layers)",
         "attribution forced on (stack per allocation)",
+        "thread scope without libtorch's host objects",
+        "process scope without libtorch's host objects",
     ];
     for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (median, min, max) = summary(r);
@@ -312,20 +334,20 @@ fn event_costs(device: Device, scale: &Scale) {
             start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64
         })
     };
-    let variants = [Variant::Plain, Variant::Counting, Variant::Process, Variant::Attribution];
+    let variants = VARIANTS;
     for variant in variants {
         time(variant);
     }
-    let mut added: [Vec<f64>; 3] = Default::default();
+    let mut added: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
     let mut plain = Vec::new();
     for round in 0..scale.rounds {
-        let mut ns = [0.0; 4];
+        let mut ns = [0.0; VARIANTS.len()];
         for k in 0..variants.len() {
             let index = (k + round) % variants.len();
             ns[index] = time(variants[index]);
         }
         plain.push(ns[0]);
-        for v in 1..4 {
+        for v in 1..variants.len() {
             added[v - 1].push(ns[v] - ns[0]);
         }
     }
@@ -353,9 +375,11 @@ fn event_costs(device: Device, scale: &Scale) {
     println!("| what | ns per event (median) |\n| --- | --- |");
     println!("| the tracker's callback alone (map update, lock, counters; fed directly) | {fed:.0} |");
     let names = [
-        "thread scope: libtorch's hook dispatch and the callback",
-        "process scope: the counting CPU allocator or the CUDA trace tracker, and the callback",
+        "thread scope: libtorch's hook dispatch and the callback, all layers",
+        "process scope: the counting CPU allocator or the CUDA trace tracker, operator new, and the callback",
         "attribution: the above in thread scope, plus a stack per allocation",
+        "thread scope without libtorch's host objects",
+        "process scope without libtorch's host objects",
     ];
     for (name, ns) in names.into_iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);

@@ -29,9 +29,14 @@ namespace {
 // Trivial thread-local state: safe to touch while a thread is torn down.
 thread_local bool reporting = false;
 
+// Set by a test of the "cannot measure" verdict, and by the benchmark's
+// variants without this layer: nothing is reported.
+std::atomic<bool> switched_off{false};
+
 inline bool counting() {
-  return glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
-         glt::host_objects_observed.load(std::memory_order_relaxed) != 0;
+  return (glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
+          glt::host_objects_observed.load(std::memory_order_relaxed) != 0) &&
+         !switched_off.load(std::memory_order_relaxed);
 }
 
 void report(void* ptr, int64_t size) {
@@ -156,4 +161,7 @@ extern "C" {
 void glt_process_observe_host_objects(int observed) {
   glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_relaxed);
 }
+
+// Stops (off = 1) or restarts (0) every report of the C++ heap.
+void glt_host_objects_switch_off(int off) { switched_off.store(off != 0, std::memory_order_relaxed); }
 }

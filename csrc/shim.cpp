@@ -286,12 +286,22 @@ struct RustHook final : c10::MemoryReportingInfoBase {
 }  // namespace
 }  // extern "C"
 
+namespace {
+// The hook this thread pushed last, while it is pushed: the C++ heap's
+// events on the test's own thread skip the debug-info lookup below.
+thread_local RustHook* own_hook = nullptr;
+
+RustHook* innermost_hook() {
+  return dynamic_cast<RustHook*>(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE));
+}
+}  // namespace
+
 namespace glt {
 void report_host_object_to_hook(void* ptr, int64_t size) {
   // libtorch copies this thread's debug info to the autograd threads that
   // run its backward(), so they report here too, as they do tensors.
-  auto* info = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
-  if (auto* hook = dynamic_cast<RustHook*>(info)) {
+  RustHook* hook = own_hook != nullptr ? own_hook : innermost_hook();
+  if (hook != nullptr) {
     hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
   }
 }
@@ -305,7 +315,9 @@ char* glt_hook_push(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_
                     void* context) {
   return guarded([&] {
     auto hook = std::make_shared<RustHook>(on_event, on_oom, on_release, context);
+    RustHook* pushed = hook.get();
     c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(hook));
+    own_hook = pushed;
     glt::host_object_hooks.fetch_add(1, std::memory_order_relaxed);
   });
 }
@@ -322,6 +334,7 @@ char* glt_hook_pop() {
           "the innermost profiler state on this thread is not a gpu-leak-test hook");
     }
     glt::host_object_hooks.fetch_sub(1, std::memory_order_relaxed);
+    own_hook = innermost_hook();
   });
 }
 

@@ -2,12 +2,20 @@
 //! does not see a canary allocation, the test fails as "cannot measure",
 //! naming the device, the layer and why; it never passes clean. Its own
 //! binary, since switching a source off is process-wide.
-use gpu_leak_test::internals::probe::sources::switch_off;
-use gpu_leak_test::{LeakTest, Verdict};
+use gpu_leak_test::internals::probe::sources::{switch_off, switch_off_host_objects};
+use gpu_leak_test::{Layer, LeakTest, Verdict};
+use std::sync::{Mutex, MutexGuard};
 use tch::{Device, Kind, Tensor};
+
+/// One switched-off source at a time: the switches are process-wide.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SWITCHES: Mutex<()> = Mutex::new(());
+    SWITCHES.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[test]
 fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
+    let _switches = one_at_a_time();
     switch_off(Device::Cpu, true);
     let mut kept = Vec::new();
     for scope in ["thread", "process"] {
@@ -38,4 +46,35 @@ fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
     assert_eq!(report.devices[0].source, "the counting CPU allocator", "{report}");
     assert!(report.to_string().contains("counted by the counting CPU allocator") || report.to_string().contains("Counted on cpu by the counting CPU allocator"), "{report}");
+}
+
+/// libtorch's host objects made blind on purpose (operator new reports
+/// nothing): the FAQ's kept graph would pass as clean, so the test fails
+/// as "cannot measure" instead, naming the C++ heap.
+#[test]
+fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
+    let _switches = one_at_a_time();
+    switch_off_host_objects(true);
+    let mut ran = false;
+    for scope in ["thread", "process"] {
+        let report = LeakTest::new("blind_host_objects")
+            .device("cpu")
+            .scope(scope)
+            .run(|device| {
+                ran = true;
+                drop(Tensor::zeros([64], (Kind::Float, device)));
+            })
+            .unwrap();
+        let Verdict::CannotMeasure { layer, reason, .. } = &report.verdict else {
+            panic!("a blind C++ heap gave a verdict ({scope} scope):\n{report}")
+        };
+        assert!(!report.passed() && !ran, "the body must not run blind:\n{report}");
+        assert_eq!(report.verdict_layer, Layer::HostObjects, "{report}");
+        assert!(layer.contains("host objects") && reason.contains("TensorImpl") && reason.contains("switched off"), "{report}");
+        assert!(report.to_string().contains("CANNOT MEASURE in `blind_host_objects`"), "{report}");
+    }
+    switch_off_host_objects(false);
+    let report = LeakTest::new("host_objects_sighted").device("cpu").scope("process").run(|device| drop(Tensor::zeros([64], (Kind::Float, device)))).unwrap();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.judged(Layer::HostObjects).unwrap().source, "operator new (the process's C++ heap)", "{report}");
 }

@@ -51,6 +51,7 @@ extern "C" {
     pub(crate) fn glt_hook_pop() -> *mut c_char;
     pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
     pub(crate) fn glt_process_observe_host_objects(observed: c_int);
+    pub(crate) fn glt_host_objects_switch_off(off: c_int);
     pub(crate) fn glt_process_install_cpu(installed: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
 }
