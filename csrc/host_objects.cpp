@@ -14,10 +14,14 @@
 // own Vec<f64> is not counted here.
 //
 // Outside leak tests the cost is one relaxed load per call. A thread-local
-// flag keeps the count from counting itself.
+// flag keeps the count from counting itself. Left out: what the CUDA
+// caching allocator allocates for its own books (see below).
 #include <c10/util/ThreadLocalDebugInfo.h>
 
+#include <link.h>
 #include <malloc.h>
+
+#include <cstring>
 
 #include <cstdlib>
 #include <new>
@@ -53,8 +57,21 @@ void report(void* ptr, int64_t size) {
   reporting = false;
 }
 
-inline void* counted(void* ptr) {
-  if (ptr != nullptr && counting()) {
+// The code of libc10_cuda.so, once CUDA is loaded: operator new called from
+// there is the CUDA caching allocator's own bookkeeping (a Block for every
+// split of its reserve, its pools' tree nodes), which follows the state of
+// its cache, not the test's objects. Device memory is judged on its own.
+std::atomic<uintptr_t> c10_cuda_start{0};
+std::atomic<uintptr_t> c10_cuda_end{0};
+
+inline bool from_the_cuda_allocator(void* caller) {
+  auto address = reinterpret_cast<uintptr_t>(caller);
+  return address >= c10_cuda_start.load(std::memory_order_relaxed) &&
+         address < c10_cuda_end.load(std::memory_order_relaxed);
+}
+
+inline void* counted(void* ptr, void* caller) {
+  if (ptr != nullptr && counting() && !from_the_cuda_allocator(caller)) {
     report(ptr, static_cast<int64_t>(malloc_usable_size(ptr)));
   }
   return ptr;
@@ -71,13 +88,13 @@ inline void release(void* ptr) noexcept {
 }
 
 // The standard's loop: call the new-handler until it gives memory or throws.
-void* allocate(std::size_t bytes) {
+void* allocate(std::size_t bytes, void* caller) {
   if (bytes == 0) {
     bytes = 1;
   }
   for (;;) {
     if (void* ptr = std::malloc(bytes)) {
-      return counted(ptr);
+      return counted(ptr, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -87,7 +104,7 @@ void* allocate(std::size_t bytes) {
   }
 }
 
-void* allocate_aligned(std::size_t bytes, std::align_val_t alignment) {
+void* allocate_aligned(std::size_t bytes, std::align_val_t alignment, void* caller) {
   std::size_t align = static_cast<std::size_t>(alignment);
   if (align < sizeof(void*)) {
     align = sizeof(void*);
@@ -98,7 +115,7 @@ void* allocate_aligned(std::size_t bytes, std::align_val_t alignment) {
   for (;;) {
     void* ptr = nullptr;
     if (posix_memalign(&ptr, align, bytes) == 0 && ptr != nullptr) {
-      return counted(ptr);
+      return counted(ptr, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -119,21 +136,31 @@ void* without_throwing(F&& allocate_block) noexcept {
 
 }  // namespace
 
-void* operator new(std::size_t bytes) { return allocate(bytes); }
-void* operator new[](std::size_t bytes) { return allocate(bytes); }
+// Each form passes its caller's address on: where the call came from
+// decides whether the block is the CUDA allocator's bookkeeping.
+#define GLT_CALLER __builtin_return_address(0)
+
+void* operator new(std::size_t bytes) { return allocate(bytes, GLT_CALLER); }
+void* operator new[](std::size_t bytes) { return allocate(bytes, GLT_CALLER); }
 void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
-  return without_throwing([&] { return allocate(bytes); });
+  void* caller = GLT_CALLER;
+  return without_throwing([&] { return allocate(bytes, caller); });
 }
 void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
-  return without_throwing([&] { return allocate(bytes); });
+  void* caller = GLT_CALLER;
+  return without_throwing([&] { return allocate(bytes, caller); });
 }
-void* operator new(std::size_t bytes, std::align_val_t alignment) { return allocate_aligned(bytes, alignment); }
-void* operator new[](std::size_t bytes, std::align_val_t alignment) { return allocate_aligned(bytes, alignment); }
+void* operator new(std::size_t bytes, std::align_val_t alignment) { return allocate_aligned(bytes, alignment, GLT_CALLER); }
+void* operator new[](std::size_t bytes, std::align_val_t alignment) {
+  return allocate_aligned(bytes, alignment, GLT_CALLER);
+}
 void* operator new(std::size_t bytes, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return without_throwing([&] { return allocate_aligned(bytes, alignment); });
+  void* caller = GLT_CALLER;
+  return without_throwing([&] { return allocate_aligned(bytes, alignment, caller); });
 }
 void* operator new[](std::size_t bytes, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return without_throwing([&] { return allocate_aligned(bytes, alignment); });
+  void* caller = GLT_CALLER;
+  return without_throwing([&] { return allocate_aligned(bytes, alignment, caller); });
 }
 
 void operator delete(void* ptr) noexcept { release(ptr); }
@@ -153,6 +180,35 @@ namespace glt {
 std::atomic<int> host_object_hooks{0};
 std::atomic<int> host_objects_observed{0};
 }  // namespace glt
+
+namespace glt {
+void leave_out_cuda_allocator() {
+  if (c10_cuda_end.load(std::memory_order_acquire) == 0) {
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, size_t, void*) -> int {
+          if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "libc10_cuda.so") == nullptr) {
+            return 0;
+          }
+          uintptr_t start = UINTPTR_MAX, end = 0;
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const auto& segment = info->dlpi_phdr[i];
+            if (segment.p_type == PT_LOAD && (segment.p_flags & PF_X) != 0) {
+              uintptr_t from = info->dlpi_addr + segment.p_vaddr;
+              start = from < start ? from : start;
+              end = from + segment.p_memsz > end ? from + segment.p_memsz : end;
+            }
+          }
+          if (end != 0) {
+            c10_cuda_start.store(start, std::memory_order_relaxed);
+            c10_cuda_end.store(end, std::memory_order_release);
+          }
+          return 1;
+        },
+        nullptr);
+  }
+}
+}  // namespace glt
+
 
 extern "C" {
 // Starts (observed = 1) or stops (0) reporting the process's C++ heap to the

@@ -109,6 +109,7 @@ char* glt_load_torch_cuda(int* loaded, char** why) {
     }
     if (torch_cuda_handle != nullptr) {
       *loaded = 1;
+      glt::leave_out_cuda_allocator();
     } else {
       const char* err = dlerror();
       *why = copy_string(err != nullptr ? err : "dlopen failed");
@@ -128,6 +129,9 @@ char* glt_torch_cuda_loaded(int* loaded) {
       }
     }
     *loaded = torch_cuda_handle != nullptr ? 1 : 0;
+    if (torch_cuda_handle != nullptr) {
+      glt::leave_out_cuda_allocator();
+    }
   });
 }
 

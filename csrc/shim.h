@@ -20,6 +20,11 @@ extern std::atomic<int> host_objects_observed;
 // (size < 0) to the hook on this thread, where there is one.
 void report_host_object_to_hook(void* ptr, int64_t size);
 
+// Finds libc10_cuda.so's code once CUDA is loaded (later calls do
+// nothing): operator new called from there is the CUDA caching
+// allocator's own bookkeeping, left out of the count.
+void leave_out_cuda_allocator();
+
 // Reports an event to the process-wide sink, where one is set.
 void report_process_event(void* ptr, int64_t size, int32_t device_type, int32_t index);
 

@@ -287,18 +287,21 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
     if found != expected {
         return Err(format!("expected verdict {expected}, found {found}\n{report}"));
     }
-    let layer = match scenario.expect.layer.as_deref() {
-        None => Layer::Tensors(report.device),
+    // The verdict is about tensors (on whichever device they grew) unless
+    // the scenario names another layer.
+    let expected_layer = match scenario.expect.layer.as_deref() {
+        None => Layer::Tensors(report.verdict_device),
         Some(name) => Layer::from_name(name).ok_or_else(|| format!("expect.layer: {name:?} is not a layer; use host-objects"))?,
     };
-    if report.verdict_layer != layer {
-        return Err(format!("expected the verdict in layer {layer}, found it in {}\n{report}", report.verdict_layer));
+    if report.verdict_layer != expected_layer {
+        return Err(format!("expected the verdict in layer {expected_layer}, found it in {}\n{report}", report.verdict_layer));
     }
     if let Some(bytes) = &scenario.expect.bytes_per_iteration {
-        // Exact bytes of the body's device's tensors, whichever layer the
-        // verdict is in.
+        // Exact bytes of the tensors that grew: on the verdict's device, or
+        // the body's beside a verdict about libtorch's host objects.
         let expected = bytes.on(report.device) as f64;
-        let tensors = report.judged(Layer::Tensors(report.device)).map(|d| &d.verdict);
+        let grown = if expected_layer == Layer::HostObjects { report.device } else { report.verdict_device };
+        let tensors = report.judged(Layer::Tensors(grown)).map(|d| &d.verdict);
         let found = match tensors {
             Some(Verdict::Leak(leak)) => leak.bytes_per_iteration,
             _ => report.retained_growth_bytes() as f64 / report.settings.iterations as f64,

@@ -129,7 +129,10 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
         .unwrap();
     assert!(report.passed(), "{report}");
     assert_eq!(report.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.harness_time);
-    assert_eq!(report.devices.iter().map(|d| d.device).collect::<Vec<_>>(), [Device::Cpu]);
+    assert_eq!(
+        report.devices.iter().map(|d| d.layer).collect::<Vec<_>>(),
+        [gpu_leak_test::Layer::Tensors(Device::Cpu), gpu_leak_test::Layer::HostObjects]
+    );
     assert!(!cuda::is_loaded(), "libtorch's CUDA library was loaded for a test on the CPU");
 }
 
