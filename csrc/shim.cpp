@@ -31,6 +31,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace {
@@ -269,10 +270,41 @@ typedef void (*glt_oom_fn)(void* context, int64_t size, int32_t device_type, int
 typedef void (*glt_release_fn)(void* context);
 
 namespace {
+struct RustHook;
+
+// Every hook alive, so that a C++ heap free reaches each one wherever it
+// happens: a block a hooked thread made is often freed by another (an
+// autograd device thread's, a pool's), and a free only the freeing thread's
+// hook saw would leave a phantom block in the tracker that counted it. A
+// fixed table: registering must not allocate, since operator new reports
+// here. Hooks beyond it see only their own threads' frees.
+constexpr int kMaxLiveHooks = 256;
+std::mutex live_hooks_mutex;
+RustHook* live_hooks[kMaxLiveHooks] = {};
+
+void register_hook(RustHook* hook, bool alive) {
+  std::lock_guard<std::mutex> guard(live_hooks_mutex);
+  for (auto& slot : live_hooks) {
+    if (alive && slot == nullptr) {
+      slot = hook;
+      return;
+    }
+    if (!alive && slot == hook) {
+      slot = nullptr;
+      return;
+    }
+  }
+}
+
 struct RustHook final : c10::MemoryReportingInfoBase {
   RustHook(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release, void* context)
-      : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context) {}
-  ~RustHook() override { on_release(context); }
+      : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context) {
+    register_hook(this, true);
+  }
+  ~RustHook() override {
+    register_hook(this, false);
+    on_release(context);
+  }
 
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device) override {
     on_event(context, ptr, alloc_size, static_cast<int32_t>(device.type()), device.index());
@@ -302,8 +334,18 @@ RustHook* innermost_hook() {
 
 namespace glt {
 void report_host_object_to_hook(void* ptr, int64_t size) {
+  if (size < 0) {
+    // A free, to every hook: each tracker forgets the block if it had it.
+    std::lock_guard<std::mutex> guard(live_hooks_mutex);
+    for (RustHook* hook : live_hooks) {
+      if (hook != nullptr) {
+        hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
+      }
+    }
+    return;
+  }
   // libtorch copies this thread's debug info to the autograd threads that
-  // run its backward(), so they report here too, as they do tensors.
+  // run its backward(), so they count allocations too, as they do tensors.
   RustHook* hook = own_hook != nullptr ? own_hook : innermost_hook();
   if (hook != nullptr) {
     hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);

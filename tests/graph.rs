@@ -38,6 +38,16 @@ fn batch(device: Device) -> Tensor {
     Tensor::randn([8, 64], (Kind::Float, device))
 }
 
+/// Where the CUDA allocator's backend blinds the body's layer here
+/// (`backend:cudaMallocAsync` in thread scope, caching switched off), the
+/// verdict is "cannot measure", naming the setting: never a pass.
+fn blind_here(report: &Report) -> bool {
+    let Verdict::CannotMeasure { reason, .. } = &report.verdict else { return false };
+    let named = reason.contains("cudaMallocAsync") || reason.contains("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    assert!(named && !report.passed() && report.device.is_cuda(), "{report}");
+    true
+}
+
 /// The verdict is a leak of libtorch's host objects while the tensors stay
 /// flat, and one of its sites is `line`.
 fn assert_host_objects_leak(report: &Report, line: &str) {
@@ -80,6 +90,9 @@ fn faq_loop_keeping_the_graph_in_a_running_sum_fails_naming_the_line(device: &st
             })
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         assert_host_objects_leak(&report, &mark.location(FILE));
     }
 }
@@ -100,6 +113,9 @@ fn faq_fix_summing_plain_numbers_passes(device: &str) {
             })
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         assert_passes(&report);
     }
 }
@@ -120,6 +136,9 @@ fn keeping_f64_losses_in_a_vec_passes(device: &str) {
             })
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         assert_passes(&report);
         assert_eq!(report.host_heap_growth_per_iteration, None, "no host-heap hint on a clean test:\n{report}");
     }
@@ -163,6 +182,9 @@ fn running_statistics_from_a_batch_mean_that_requires_grad_fail(device: &str) {
             .run_with_setup(|device| running_statistics(device, false, mark))
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         assert_host_objects_leak(&report, &mark.location(FILE));
     }
 }
@@ -174,6 +196,9 @@ fn running_statistics_from_a_detached_batch_mean_pass(device: &str) {
             .run_with_setup(|device| running_statistics(device, true, mark))
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         assert_passes(&report);
     }
 }
@@ -193,6 +218,9 @@ fn a_kept_detached_tensor_fails_once_with_its_records_at_its_site(device: &str) 
             })
             .unwrap();
         println!("{report}\n");
+        if blind_here(&report) {
+            continue;
+        }
         let body = Layer::Tensors(report.device);
         assert_eq!(report.verdict_layer, body, "{report}");
         let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak:\n{report}") };

@@ -324,11 +324,10 @@ impl Report {
         }
     }
 
-    /// The biggest allocation site in the verdict's layer (else in any), if
-    /// attribution ran and found survivors.
+    /// The biggest allocation site in the verdict's layer, if attribution
+    /// ran and found survivors there.
     pub fn top_site(&self) -> Option<&crate::attribution::Site> {
-        let sites = &self.attribution.as_ref()?.sites;
-        sites.iter().find(|s| s.layer == self.verdict_layer).or(sites.first())
+        self.attribution.as_ref()?.sites.iter().find(|s| s.layer == self.verdict_layer)
     }
 
     /// What was judged in `layer`, where it was judged.
