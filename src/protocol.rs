@@ -452,6 +452,7 @@ impl<'a> Run<'a> {
             }
         };
         let judged = self.judged();
+        let grew_during_attribution: Vec<bool> = (0..self.layers.len()).map(|d| self.grew_during_attribution(d)).collect();
         let attribution = self.attribution.as_mut().expect("attribute sets it");
         for d in judged {
             let Verdict::Leak(leak) = &self.verdicts[d] else { continue };
@@ -476,12 +477,22 @@ impl<'a> Run<'a> {
             }
             let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
             self.verdicts[d] = match on {
-                Layer::HostObjects => verdict::host_objects_after_attribution(leak, replaced, suppressed, threshold),
+                Layer::HostObjects => {
+                    verdict::host_objects_after_attribution(leak, replaced, grew_during_attribution[d], suppressed, threshold)
+                }
                 Layer::Tensors(_) => verdict::after_attribution(leak, replaced, suppressed, threshold),
             };
         }
         self.judge_host_objects_beside_kept_tensors();
         Ok(())
+    }
+
+    /// Whether layer `index` ended attribution's iterations above where it
+    /// stood before them.
+    fn grew_during_attribution(&self, index: usize) -> bool {
+        let Some(first) = self.samples.iter().position(|s| s.phase == Phase::Attribution) else { return false };
+        let before = if first > 0 { self.levels[first - 1][index] } else { self.start[index] };
+        self.levels.last().is_some_and(|after| after[index] > before)
     }
 
     /// A kept tensor keeps its records in libtorch's host objects too: where
