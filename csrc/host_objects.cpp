@@ -20,6 +20,7 @@
 
 #include <link.h>
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <cstring>
 
@@ -43,6 +44,147 @@ inline bool counting() {
          !switched_off.load(std::memory_order_relaxed);
 }
 
+// Process scope counts without a lock or a map: which live blocks were
+// counted is one bit per 16-byte granule of the address space (glibc's
+// blocks are 16-aligned), in pages mapped as they are first needed, and
+// their bytes are summed over per-thread shards. A free clears its block's
+// bit and subtracts its usable size only where the bit was set, so blocks
+// made before the observation are not the test's, as in the tracker's map.
+// The map is still fed while attribution records sites.
+namespace counted_blocks {
+constexpr int kGranuleShift = 4;
+constexpr int kLeafShift = 24;  // a leaf covers 16 MiB: 2^20 bits, 128 KiB
+constexpr int kMidShift = 36;   // a mid table covers 64 GiB: 4,096 leaves
+constexpr int kAddressBits = 47;
+constexpr size_t kTop = size_t(1) << (kAddressBits - kMidShift);
+constexpr size_t kMid = size_t(1) << (kMidShift - kLeafShift);
+constexpr size_t kLeafWords = (size_t(1) << (kLeafShift - kGranuleShift)) / 64;
+
+using Word = std::atomic<uint64_t>;
+using Mid = std::atomic<Word*>;
+std::atomic<Mid*> top[kTop];
+
+// Zeroed memory from the kernel: operator new must not call itself.
+void* map_zeroed(size_t bytes) {
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return mapped == MAP_FAILED ? nullptr : mapped;
+}
+
+template <typename T>
+T* get_or_map(std::atomic<T*>& slot, size_t count) {
+  T* present = slot.load(std::memory_order_acquire);
+  if (present != nullptr) {
+    return present;
+  }
+  T* fresh = static_cast<T*>(map_zeroed(count * sizeof(T)));
+  if (fresh == nullptr) {
+    return nullptr;
+  }
+  if (slot.compare_exchange_strong(present, fresh, std::memory_order_acq_rel)) {
+    return fresh;
+  }
+  munmap(fresh, count * sizeof(T));
+  return present;
+}
+
+// The word holding `address`'s bit, mapping its pages where `map` is set;
+// nullptr where none is mapped (or the address is beyond 47 bits).
+Word* word_of(uintptr_t address, bool map) {
+  if ((address >> kAddressBits) != 0) {
+    return nullptr;
+  }
+  auto& mid_slot = top[address >> kMidShift];
+  Mid* mid = map ? get_or_map(mid_slot, kMid) : mid_slot.load(std::memory_order_acquire);
+  if (mid == nullptr) {
+    return nullptr;
+  }
+  auto& leaf_slot = mid[(address >> kLeafShift) & (kMid - 1)];
+  Word* leaf = map ? get_or_map(leaf_slot, kLeafWords) : leaf_slot.load(std::memory_order_acquire);
+  if (leaf == nullptr) {
+    return nullptr;
+  }
+  return &leaf[((address >> kGranuleShift) & ((size_t(1) << (kLeafShift - kGranuleShift)) - 1)) / 64];
+}
+
+uint64_t bit_of(uintptr_t address) { return uint64_t(1) << ((address >> kGranuleShift) % 64); }
+
+// One writer per shard (its thread), so updates are a relaxed load and
+// store, not a locked instruction; threads beyond the shards share the
+// last one, which takes atomic additions.
+struct alignas(64) Shard {
+  std::atomic<int64_t> bytes{0};
+  std::atomic<uint64_t> events{0};
+};
+constexpr int kShards = 512;
+constexpr int kShared = kShards - 1;
+Shard shards[kShards];
+std::atomic<int> next_shard{0};
+thread_local int shard_index = -1;
+
+void add(int64_t bytes) {
+  if (shard_index < 0) {
+    int next = next_shard.fetch_add(1, std::memory_order_relaxed);
+    shard_index = next < kShared ? next : kShared;
+  }
+  Shard& shard = shards[shard_index];
+  if (shard_index == kShared) {
+    shard.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    shard.events.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    shard.bytes.store(shard.bytes.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+    shard.events.store(shard.events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+}
+
+void on_allocation(void* ptr, int64_t bytes) {
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  Word* word = word_of(address, true);
+  if (word == nullptr) {
+    return;
+  }
+  uint64_t bit = bit_of(address);
+  if ((word->fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
+    add(bytes);
+  }
+}
+
+void on_free(void* ptr) {
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  Word* word = word_of(address, false);
+  if (word == nullptr) {
+    return;
+  }
+  uint64_t bit = bit_of(address);
+  if ((word->load(std::memory_order_relaxed) & bit) != 0 && (word->fetch_and(~bit, std::memory_order_relaxed) & bit) != 0) {
+    add(-static_cast<int64_t>(malloc_usable_size(ptr)));
+  }
+}
+
+// Forgets every counted block and zeroes the sums, for a new observation.
+void reset() {
+  for (auto& mid_slot : top) {
+    Mid* mid = mid_slot.load(std::memory_order_acquire);
+    if (mid == nullptr) {
+      continue;
+    }
+    for (size_t m = 0; m < kMid; ++m) {
+      if (Word* leaf = mid[m].load(std::memory_order_acquire)) {
+        // The pages read as zero again, without a write to each.
+        madvise(leaf, kLeafWords * sizeof(Word), MADV_DONTNEED);
+      }
+    }
+  }
+  for (auto& shard : shards) {
+    shard.bytes.store(0, std::memory_order_relaxed);
+    shard.events.store(0, std::memory_order_relaxed);
+  }
+}
+}  // namespace counted_blocks
+
+// While attribution records sites in process scope, every event also goes
+// to the process sink's tracker, which keeps the blocks with their stacks.
+std::atomic<bool> recording_sites{false};
+
 void report(void* ptr, int64_t size) {
   if (reporting) {
     return;
@@ -52,7 +194,14 @@ void report(void* ptr, int64_t size) {
     glt::report_host_object_to_hook(ptr, size);
   }
   if (glt::host_objects_observed.load(std::memory_order_relaxed) != 0) {
-    glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
+    if (size > 0) {
+      counted_blocks::on_allocation(ptr, size);
+    } else {
+      counted_blocks::on_free(ptr);
+    }
+    if (recording_sites.load(std::memory_order_relaxed)) {
+      glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
+    }
   }
   reporting = false;
 }
@@ -215,8 +364,27 @@ extern "C" {
 // process-wide sink: only while an observation is open, so operator new
 // costs one load outside leak tests.
 void glt_process_observe_host_objects(int observed) {
-  glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_relaxed);
+  if (observed != 0) {
+    counted_blocks::reset();
+  }
+  glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_release);
 }
+
+// The process's counted C++ heap since the observation opened: live bytes
+// of the blocks allocated since, and the allocations and frees counted.
+void glt_process_host_objects(int64_t* bytes, uint64_t* events) {
+  int64_t total = 0;
+  uint64_t counted = 0;
+  for (auto& shard : counted_blocks::shards) {
+    total += shard.bytes.load(std::memory_order_relaxed);
+    counted += shard.events.load(std::memory_order_relaxed);
+  }
+  *bytes = total;
+  *events = counted;
+}
+
+// Also feeds the process sink's tracker (record = 1), for attribution.
+void glt_process_record_host_object_sites(int record) { recording_sites.store(record != 0, std::memory_order_relaxed); }
 
 // Stops (off = 1) or restarts (0) every report of the C++ heap.
 void glt_host_objects_switch_off(int off) { switched_off.store(off != 0, std::memory_order_relaxed); }

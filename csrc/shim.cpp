@@ -281,16 +281,22 @@ struct RustHook;
 constexpr int kMaxLiveHooks = 256;
 std::mutex live_hooks_mutex;
 RustHook* live_hooks[kMaxLiveHooks] = {};
+// Slots in use are all below this: a free looks at no more.
+int live_hooks_end = 0;
 
 void register_hook(RustHook* hook, bool alive) {
   std::lock_guard<std::mutex> guard(live_hooks_mutex);
-  for (auto& slot : live_hooks) {
-    if (alive && slot == nullptr) {
-      slot = hook;
+  for (int i = 0; i < kMaxLiveHooks; ++i) {
+    if (alive && live_hooks[i] == nullptr) {
+      live_hooks[i] = hook;
+      live_hooks_end = i + 1 > live_hooks_end ? i + 1 : live_hooks_end;
       return;
     }
-    if (!alive && slot == hook) {
-      slot = nullptr;
+    if (!alive && live_hooks[i] == hook) {
+      live_hooks[i] = nullptr;
+      while (live_hooks_end > 0 && live_hooks[live_hooks_end - 1] == nullptr) {
+        --live_hooks_end;
+      }
       return;
     }
   }
@@ -337,8 +343,8 @@ void report_host_object_to_hook(void* ptr, int64_t size) {
   if (size < 0) {
     // A free, to every hook: each tracker forgets the block if it had it.
     std::lock_guard<std::mutex> guard(live_hooks_mutex);
-    for (RustHook* hook : live_hooks) {
-      if (hook != nullptr) {
+    for (int i = 0; i < live_hooks_end; ++i) {
+      if (RustHook* hook = live_hooks[i]) {
         hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
       }
     }

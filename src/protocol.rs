@@ -261,7 +261,13 @@ impl<'a> Run<'a> {
         let levels = self.levels_now();
         self.levels.push(levels);
         if let Some(global) = &self.global {
-            self.global_levels.push(self.layers.iter().map(|&l| global.layer_view(l).live_bytes).collect());
+            // The process-wide view of each layer: the observation's
+            // tracker, and the shim's own count of the C++ heap.
+            let level = |l: Layer| match l {
+                Layer::HostObjects => crate::probe::process::host_objects().0,
+                Layer::Tensors(_) => global.layer_view(l).live_bytes,
+            };
+            self.global_levels.push(self.layers.iter().map(|&l| level(l)).collect());
         }
         self.time.sampling += started.elapsed();
         snapshot
@@ -326,11 +332,11 @@ impl<'a> Run<'a> {
     fn judged(&self) -> Vec<usize> {
         (0..self.layers.len())
             .filter(|&i| {
-                let view = self.tracker.layer_view(self.layers[i]);
+                let events = sources::events(self.sources[i], self.layers[i], &self.tracker);
                 // Statistics give no events: a level that moved is the sign.
                 let moved = self.sources[i] == Source::CudaStatistics && self.levels.iter().any(|l| l[i] != self.start[i]);
                 let failed = self.verdicts.get(i).is_some_and(Verdict::is_failure);
-                self.layers[i] == Layer::Tensors(self.device) || view.allocations + view.frees > 0 || moved || failed
+                self.layers[i] == Layer::Tensors(self.device) || events > 0 || moved || failed
             })
             .collect()
     }
@@ -526,6 +532,10 @@ impl<'a> Run<'a> {
     ) -> std::result::Result<Vec<(Layer, Vec<u64>)>, Verdict> {
         self.tracker.clear_recorded();
         let watching = crate::refs::Watching::start();
+        // In process scope the C++ heap reaches the tracker only to be
+        // recorded.
+        let feed_host_objects = self.sources.contains(&Source::OperatorNew);
+        crate::probe::process::record_host_object_sites(feed_host_objects);
         self.tracker.start_recording(1);
         let mut by_stack_each_iteration = Vec::new();
         for i in 1..=count {
@@ -533,12 +543,14 @@ impl<'a> Run<'a> {
             let result = self.call(Phase::Attribution, i, &mut *iteration);
             if let Err(stopped) = result {
                 self.tracker.stop_recording();
+                crate::probe::process::record_host_object_sites(false);
                 return Err(stopped);
             }
             self.sample(Phase::Attribution, i);
             by_stack_each_iteration.push(self.tracker.recorded_bytes_by_stack());
         }
         self.tracker.stop_recording();
+        crate::probe::process::record_host_object_sites(false);
         let survivors = self.tracker.recorded_survivors();
         self.tracker.clear_recorded();
         let root = self.test.root.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default());

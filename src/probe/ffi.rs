@@ -52,6 +52,8 @@ extern "C" {
     pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
     pub(crate) fn glt_process_observe_host_objects(observed: c_int);
     pub(crate) fn glt_host_objects_switch_off(off: c_int);
+    pub(crate) fn glt_process_host_objects(bytes: *mut i64, events: *mut u64);
+    pub(crate) fn glt_process_record_host_object_sites(record: c_int);
     pub(crate) fn glt_process_install_cpu(installed: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
 }

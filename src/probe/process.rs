@@ -1,12 +1,15 @@
 //! Process scope: every allocation and free of the process, from any thread,
 //! fed into one [`Tracker`].
 //!
-//! Three sources report to it: a counting wrapper around libtorch's CPU
+//! Two sources report to it: a counting wrapper around libtorch's CPU
 //! allocator (installed once, it keeps the wrapped allocator's deleters),
-//! the CUDA caching allocator's trace tracker (attached once; the allocator's
-//! own history recording is left as the user set it), and the C++ heap
-//! through the shim's operator new (libtorch's host objects). They feed the
-//! sink only while an observation is open. Thread-scope tests open a shared observation
+//! and the CUDA caching allocator's trace tracker (attached once; the
+//! allocator's own history recording is left as the user set it). They feed
+//! the sink only while an observation is open. The C++ heap (libtorch's
+//! host objects, through the shim's operator new) is counted in the shim
+//! itself while an observation is open, without a lock
+//! ([`host_objects`]); it feeds the sink only while attribution records
+//! sites ([`record_host_object_sites`]). Thread-scope tests open a shared observation
 //! too and read it as the device-global view, to notice growth that their
 //! hooked threads do not explain.
 use super::hook::{Tracker, TrackerState};
@@ -33,6 +36,23 @@ extern "C" fn on_process_event(ptr: *mut c_void, size: i64, device_type: i32, de
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         state.on_event(ptr as usize, size, device_type, device_index)
     }));
+}
+
+/// The process's C++ heap counted since the observation opened: live bytes
+/// of the blocks allocated since, and how many allocations and frees were
+/// counted (the shim does not tell them apart).
+pub(crate) fn host_objects() -> (i64, u64) {
+    let (mut bytes, mut events) = (0i64, 0u64);
+    // SAFETY: plain out-parameters.
+    unsafe { ffi::glt_process_host_objects(&mut bytes, &mut events) };
+    (bytes, events)
+}
+
+/// Feeds the C++ heap's events to the observation's tracker too (`on`),
+/// so attribution can keep each block with its stack.
+pub(crate) fn record_host_object_sites(on: bool) {
+    // SAFETY: sets an atomic flag.
+    unsafe { ffi::glt_process_record_host_object_sites(on as c_int) };
 }
 
 /// Which process-wide sources are feeding the observation.

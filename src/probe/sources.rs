@@ -48,7 +48,7 @@ pub enum Source {
     /// whole process (process scope, where no trace tracker attaches).
     CudaStatistics,
     /// The shim's replacement of operator new, for the whole process's C++
-    /// heap (process scope).
+    /// heap (process scope): counted in the shim, without a lock or a map.
     OperatorNew,
 }
 
@@ -102,7 +102,19 @@ pub(crate) fn level(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
         (Source::CpuAndPinnedAllocators, _) => {
             tracker.layer_view(layer).live_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
         }
+        (Source::OperatorNew, _) => super::process::host_objects().0,
         _ => tracker.layer_view(layer).live_bytes,
+    }
+}
+
+/// Allocations and frees `source` counted in `layer` so far.
+pub(crate) fn events(source: Source, layer: Layer, tracker: &Tracker) -> u64 {
+    match source {
+        Source::OperatorNew => super::process::host_objects().1,
+        _ => {
+            let view = tracker.layer_view(layer);
+            view.allocations + view.frees
+        }
     }
 }
 
@@ -116,6 +128,8 @@ pub(crate) fn peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
         (Source::CpuAndPinnedAllocators, _) => {
             tracker.layer_view(layer).peak_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.peak as i64)
         }
+        // The shim's sums keep no peak; no budget is set on this layer.
+        (Source::OperatorNew, _) => super::process::host_objects().0,
         _ => tracker.layer_view(layer).peak_bytes,
     }
 }
@@ -128,6 +142,7 @@ pub(crate) fn reset_peak(source: Source, layer: Layer, tracker: &Tracker) {
         (Source::CudaStatistics, Layer::Tensors(Device::Cuda(index))) => {
             let _ = cuda::reset_peak_stats(index);
         }
+        (Source::OperatorNew, _) => {}
         _ => tracker.reset_peak(layer),
     }
 }
