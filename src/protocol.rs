@@ -400,21 +400,19 @@ impl<'a> Run<'a> {
         self.verdicts = (0..self.layers.len())
             .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
             .collect();
-        let leaks: Vec<&verdict::Leak> =
-            self.judged().into_iter().filter_map(|d| if let Verdict::Leak(l) = &self.verdicts[d] { Some(l) } else { None }).collect();
-        if leaks.is_empty() {
+        let leaking: Vec<usize> = self.judged().into_iter().filter(|&d| matches!(self.verdicts[d], Verdict::Leak(_))).collect();
+        if leaking.is_empty() {
             return Ok(());
         }
         // Beside a tensor leak, host objects that grow are usually the kept
         // tensors' records, with libtorch's own bookkeeping of live blocks
         // (a map that rehashes now and then): they set no iteration count.
         let host = self.layers.iter().position(|&l| l == Layer::HostObjects);
-        let tensors_leak = self.judged().into_iter().any(|d| Some(d) != host && matches!(self.verdicts[d], Verdict::Leak(_)));
-        let leaks: Vec<&verdict::Leak> = self
-            .judged()
-            .into_iter()
-            .filter(|&d| !(tensors_leak && Some(d) == host))
-            .filter_map(|d| if let Verdict::Leak(l) = &self.verdicts[d] { Some(l) } else { None })
+        let tensors_leak = leaking.iter().any(|&d| Some(d) != host);
+        let leaks: Vec<&verdict::Leak> = leaking
+            .iter()
+            .filter(|&&d| !(tensors_leak && Some(d) == host))
+            .filter_map(|&d| if let Verdict::Leak(l) = &self.verdicts[d] { Some(l) } else { None })
             .collect();
         // Enough iterations that a leak every k-th iteration leaves a
         // survivor before the last one.
