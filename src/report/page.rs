@@ -167,7 +167,7 @@ fn stacked_by_site(report: &Report, html: &mut String) {
 fn sites(report: &Report, html: &mut String) {
     let Some(attribution) = &report.attribution else { return };
     html.push_str(
-        "<h2>Where it was allocated</h2>\n<table id=\"sites\"><tr><th></th><th>bytes</th><th>per iteration</th><th>iterations</th><th>site</th></tr>\n",
+        "<h2>Where it was allocated</h2>\n<table id=\"sites\"><tr><th></th><th>bytes</th><th>per iteration</th><th>iterations</th><th>layer</th><th>site</th></tr>\n",
     );
     for (k, site) in attribution.sites.iter().enumerate() {
         let color = SITE_COLORS.get(k).copied().unwrap_or("#999");
@@ -181,10 +181,11 @@ fn sites(report: &Report, html: &mut String) {
             .collect();
         let _ = writeln!(
             html,
-            "<tr class=\"site\"><td><span style=\"color:{color}\">&#9632;</span></td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>stack</summary><pre>{}</pre></details></td></tr>",
+            "<tr class=\"site\"><td><span style=\"color:{color}\">&#9632;</span></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>stack</summary><pre>{}</pre></details></td></tr>",
             bytes(site.bytes),
             bytes(site.bytes_per_iteration.round().max(0.0) as u64),
             site.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            escape(&site.layer.name()),
             escape(&site.description),
             escape(&stack)
         );
