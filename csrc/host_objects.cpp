@@ -45,22 +45,26 @@ inline bool counting() {
 }
 
 // Process scope counts without a lock or a map: which live blocks were
-// counted is one bit per 16-byte granule of the address space (glibc's
+// counted is one byte per 16-byte granule of the address space (glibc's
 // blocks are 16-aligned), in pages mapped as they are first needed, and
-// their bytes are summed over per-thread shards. A free clears its block's
-// bit and subtracts its usable size only where the bit was set, so blocks
-// made before the observation are not the test's, as in the tracker's map.
+// their bytes are summed over per-thread shards. A byte, not a bit, so
+// marking is a plain store, not a locked read-modify-write on a word other
+// threads' blocks share: only the thread that allocates or frees a block
+// writes its byte, and no two do so at once. A free clears its block's
+// byte and subtracts its usable size only where the byte was set, so
+// blocks made before the observation are not the test's, as in the
+// tracker's map.
 // The map is still fed while attribution records sites.
 namespace counted_blocks {
 constexpr int kGranuleShift = 4;
-constexpr int kLeafShift = 24;  // a leaf covers 16 MiB: 2^20 bits, 128 KiB
+constexpr int kLeafShift = 24;  // a leaf covers 16 MiB: 2^20 granules, 1 MiB
 constexpr int kMidShift = 36;   // a mid table covers 64 GiB: 4,096 leaves
 constexpr int kAddressBits = 47;
 constexpr size_t kTop = size_t(1) << (kAddressBits - kMidShift);
 constexpr size_t kMid = size_t(1) << (kMidShift - kLeafShift);
-constexpr size_t kLeafWords = (size_t(1) << (kLeafShift - kGranuleShift)) / 64;
+constexpr size_t kLeafWords = size_t(1) << (kLeafShift - kGranuleShift);
 
-using Word = std::atomic<uint64_t>;
+using Word = std::atomic<uint8_t>;
 using Mid = std::atomic<Word*>;
 std::atomic<Mid*> top[kTop];
 
@@ -87,7 +91,7 @@ T* get_or_map(std::atomic<T*>& slot, size_t count) {
   return present;
 }
 
-// The word holding `address`'s bit, mapping its pages where `map` is set;
+// The byte marking `address`, mapping its pages where `map` is set;
 // nullptr where none is mapped (or the address is beyond 47 bits).
 Word* word_of(uintptr_t address, bool map) {
   if ((address >> kAddressBits) != 0) {
@@ -103,10 +107,8 @@ Word* word_of(uintptr_t address, bool map) {
   if (leaf == nullptr) {
     return nullptr;
   }
-  return &leaf[((address >> kGranuleShift) & ((size_t(1) << (kLeafShift - kGranuleShift)) - 1)) / 64];
+  return &leaf[(address >> kGranuleShift) & (kLeafWords - 1)];
 }
-
-uint64_t bit_of(uintptr_t address) { return uint64_t(1) << ((address >> kGranuleShift) % 64); }
 
 // One writer per shard (its thread), so updates are a relaxed load and
 // store, not a locked instruction; threads beyond the shards share the
@@ -142,8 +144,8 @@ void on_allocation(void* ptr, int64_t bytes) {
   if (word == nullptr) {
     return;
   }
-  uint64_t bit = bit_of(address);
-  if ((word->fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
+  if (word->load(std::memory_order_relaxed) == 0) {
+    word->store(1, std::memory_order_relaxed);
     add(bytes);
   }
 }
@@ -154,8 +156,8 @@ void on_free(void* ptr) {
   if (word == nullptr) {
     return;
   }
-  uint64_t bit = bit_of(address);
-  if ((word->load(std::memory_order_relaxed) & bit) != 0 && (word->fetch_and(~bit, std::memory_order_relaxed) & bit) != 0) {
+  if (word->load(std::memory_order_relaxed) != 0) {
+    word->store(0, std::memory_order_relaxed);
     add(-static_cast<int64_t>(malloc_usable_size(ptr)));
   }
 }
