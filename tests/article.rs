@@ -26,8 +26,7 @@ const ACTIVATION_BYTES: u64 = (BATCH * FEATURES * 4) as u64;
 /// A leak test located at the line that calls this.
 #[track_caller]
 fn harness(name: &str, device: &str) -> LeakTest {
-    let caller = std::panic::Location::caller();
-    LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+    common::located(name).device(device)
 }
 
 /// Prints the report (the main job's output) and writes its files beside the

@@ -10,8 +10,7 @@ use tch::{Device, Kind, Tensor};
 /// A leak test located at the line that calls this.
 #[track_caller]
 fn leak_test(name: &str, device: &str) -> LeakTest {
-    let caller = std::panic::Location::caller();
-    LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+    common::located(name).device(device)
 }
 
 fn kept_tensor_is_a_leak_named_at_its_line(device: &str) {

@@ -10,20 +10,24 @@
 mod common;
 
 use common::{allocated_size, LineMark};
-use gpu_leak_test::{Layer, LeakTest, Report, Verdict};
+use gpu_leak_test::{Layer, Report, Verdict};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 const FILE: &str = "tests/graph.rs";
 const SCOPES: [&str; 2] = ["thread", "process"];
 
+/// Runs the scenario in each scope, and checks each report that the
+/// backend did not blind ([`blind_here`]). Setup runs afresh each time.
 #[track_caller]
-fn harness(name: &str, device: &str, scope: &str) -> LeakTest {
-    let caller = std::panic::Location::caller();
-    LeakTest::new(name)
-        .device(device)
-        .scope(scope)
-        .location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+fn in_each_scope<I: FnMut()>(name: &str, device: &str, mut setup: impl FnMut(Device) -> I, check: impl Fn(&Report)) {
+    for scope in SCOPES {
+        let report = common::located(name).device(device).scope(scope).run_with_setup(&mut setup).unwrap();
+        println!("{report}\n");
+        if !blind_here(&report) {
+            check(&report);
+        }
+    }
 }
 
 /// A small model and its optimizer, as in the FAQ: Linear 64 -> 10, SGD.
@@ -76,72 +80,62 @@ fn assert_passes(report: &Report) {
 /// PyTorch's FAQ loop: `total_loss += loss` after the step. No tensor
 /// storage piles up (the old sum is freed), but every step's graph does.
 fn faq_loop_keeping_the_graph_in_a_running_sum_fails_naming_the_line(device: &str) {
-    for scope in SCOPES {
-        let mark = &LineMark::default();
-        let report = harness("faq_total_loss", device, scope)
-            .run_with_setup(|device| {
-                let (_vs, linear, mut opt) = model(device);
-                let mut total_loss = Tensor::zeros([], (Kind::Float, device));
-                move || {
-                    let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
-                    opt.backward_step(&loss);
-                    mark.set(line!()); total_loss = &total_loss + &loss;
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        assert_host_objects_leak(&report, &mark.location(FILE));
-    }
+    let mark = &LineMark::default();
+    in_each_scope(
+        "faq_total_loss",
+        device,
+        |device| {
+            let (_vs, linear, mut opt) = model(device);
+            let mut total_loss = Tensor::zeros([], (Kind::Float, device));
+            move || {
+                let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
+                opt.backward_step(&loss);
+                mark.set(line!()); total_loss = &total_loss + &loss;
+            }
+        },
+        |report| assert_host_objects_leak(report, &mark.location(FILE)),
+    );
 }
 
 /// The FAQ's fix: a plain number.
 fn faq_fix_summing_plain_numbers_passes(device: &str) {
-    for scope in SCOPES {
-        let report = harness("faq_total_f64", device, scope)
-            .run_with_setup(|device| {
-                let (_vs, linear, mut opt) = model(device);
-                let mut total = 0.0;
-                move || {
-                    let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
-                    opt.backward_step(&loss);
-                    total += loss.double_value(&[]);
-                    std::hint::black_box(total);
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        assert_passes(&report);
-    }
+    in_each_scope(
+        "faq_total_f64",
+        device,
+        |device| {
+            let (_vs, linear, mut opt) = model(device);
+            let mut total = 0.0;
+            move || {
+                let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
+                opt.backward_step(&loss);
+                total += loss.double_value(&[]);
+                std::hint::black_box(total);
+            }
+        },
+        assert_passes,
+    );
 }
 
 /// The article's recommended fix: losses as `f64` in a Vec. Rust's heap
 /// grows, and it is not libtorch's: it passes.
 fn keeping_f64_losses_in_a_vec_passes(device: &str) {
-    for scope in SCOPES {
-        let report = harness("losses_as_f64", device, scope)
-            .run_with_setup(|device| {
-                let (_vs, linear, mut opt) = model(device);
-                let mut losses: Vec<f64> = Vec::new();
-                move || {
-                    let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
-                    opt.backward_step(&loss);
-                    losses.push(loss.double_value(&[]));
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        assert_passes(&report);
-        assert_eq!(report.host_heap_growth_per_iteration, None, "no host-heap hint on a clean test:\n{report}");
-    }
+    in_each_scope(
+        "losses_as_f64",
+        device,
+        |device| {
+            let (_vs, linear, mut opt) = model(device);
+            let mut losses: Vec<f64> = Vec::new();
+            move || {
+                let loss = linear.forward(&batch(device)).square().mean(Kind::Float);
+                opt.backward_step(&loss);
+                losses.push(loss.double_value(&[]));
+            }
+        },
+        |report| {
+            assert_passes(report);
+            assert_eq!(report.host_heap_growth_per_iteration, None, "no host-heap hint on a clean test:\n{report}");
+        },
+    );
 }
 
 /// A normalisation layer's running mean, updated in place from the batch
@@ -176,77 +170,59 @@ fn running_statistics(device: Device, detach: bool, mark: &LineMark) -> impl FnM
 }
 
 fn running_statistics_from_a_batch_mean_that_requires_grad_fail(device: &str) {
-    for scope in SCOPES {
-        let mark = &LineMark::default();
-        let report = harness("running_mean_keeps_graph", device, scope)
-            .run_with_setup(|device| running_statistics(device, false, mark))
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        assert_host_objects_leak(&report, &mark.location(FILE));
-    }
+    let mark = &LineMark::default();
+    in_each_scope(
+        "running_mean_keeps_graph",
+        device,
+        |device| running_statistics(device, false, mark),
+        |report| assert_host_objects_leak(report, &mark.location(FILE)),
+    );
 }
 
 fn running_statistics_from_a_detached_batch_mean_pass(device: &str) {
-    for scope in SCOPES {
-        let mark = &LineMark::default();
-        let report = harness("running_mean_detached", device, scope)
-            .run_with_setup(|device| running_statistics(device, true, mark))
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        assert_passes(&report);
-    }
+    let mark = &LineMark::default();
+    in_each_scope("running_mean_detached", device, |device| running_statistics(device, true, mark), assert_passes);
 }
 
 /// Kept detached outputs leak their storage, and their own records
 /// (TensorImpl, handle) in libtorch's host objects: one cause, one site.
 fn a_kept_detached_tensor_fails_once_with_its_records_at_its_site(device: &str) {
-    for scope in SCOPES {
-        let mark = &LineMark::default();
-        let report = harness("kept_detached", device, scope)
-            .run_with_setup(|device| {
-                let (_vs, linear, _opt) = model(device);
-                let mut kept = Vec::new();
-                move || {
-                    mark.set(line!()); kept.push(linear.forward(&batch(device)).detach());
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
-        if blind_here(&report) {
-            continue;
-        }
-        let body = Layer::Tensors(report.device);
-        assert!(!report.passed(), "{report}");
-        let tensors = report.judged(body).unwrap();
-        let Verdict::Leak(kept) = &tensors.verdict else { panic!("the kept tensors are a leak:\n{report}") };
-        assert_eq!(kept.bytes_per_iteration, allocated_size(device, 8 * 10 * 4) as f64, "{report}");
-        let host = report.judged(Layer::HostObjects).unwrap();
-        // Tying the records to the kept tensors takes the tensors' sites:
-        // the CUDA allocator's statistics (backend:cudaMallocAsync) name
-        // none, and there both layers show as leaks.
-        let tensor_sites = report.devices.iter().find(|d| d.layer == body).is_some_and(|d| d.source != "the CUDA allocator's statistics");
-        if !tensor_sites {
-            assert!(host.verdict.is_failure(), "{report}");
-            continue;
-        }
-        assert_eq!(report.verdict_layer, body, "{report}");
-        assert!(matches!(host.verdict, Verdict::RecordsOfKeptTensors { .. }), "not a second cause:\n{report}");
-        let failing: Vec<_> = report.devices.iter().filter(|d| d.verdict.is_failure()).collect();
-        assert_eq!(failing.len(), 1, "one cause:\n{report}");
-        {
+    let mark = &LineMark::default();
+    in_each_scope(
+        "kept_detached",
+        device,
+        |device| {
+            let (_vs, linear, _opt) = model(device);
+            let mut kept = Vec::new();
+            move || {
+                mark.set(line!()); kept.push(linear.forward(&batch(device)).detach());
+            }
+        },
+        |report| {
+            let body = Layer::Tensors(report.device);
+            assert!(!report.passed(), "{report}");
+            let tensors = report.judged(body).unwrap();
+            let Verdict::Leak(kept) = &tensors.verdict else { panic!("the kept tensors are a leak:\n{report}") };
+            assert_eq!(kept.bytes_per_iteration, allocated_size(device, 8 * 10 * 4) as f64, "{report}");
+            let host = report.judged(Layer::HostObjects).unwrap();
+            // Tying the records to the kept tensors takes the tensors' sites:
+            // the CUDA allocator's statistics (backend:cudaMallocAsync) name
+            // none, and there both layers show as leaks.
+            if tensors.source == "the CUDA allocator's statistics" {
+                assert!(host.verdict.is_failure(), "{report}");
+                return;
+            }
+            assert_eq!(report.verdict_layer, body, "{report}");
+            assert!(matches!(host.verdict, Verdict::RecordsOfKeptTensors { .. }), "not a second cause:\n{report}");
+            let failing: Vec<_> = report.devices.iter().filter(|d| d.verdict.is_failure()).collect();
+            assert_eq!(failing.len(), 1, "one cause:\n{report}");
             let line = mark.location(FILE);
             let recurring: Vec<_> = report.attribution.as_ref().unwrap().sites.iter().filter(|s| s.iterations.len() > 1).collect();
             assert!(recurring.iter().all(|s| s.location.as_deref() == Some(line.as_str())), "one site, {line}:\n{report}");
             assert!(recurring.iter().any(|s| s.layer == Layer::HostObjects), "the records shown with it:\n{report}");
-        }
-        assert!(report.to_string().contains("records_of_kept_tensors"), "{report}");
-    }
+            assert!(report.to_string().contains("records_of_kept_tensors"), "{report}");
+        },
+    );
 }
 
 on_each_device!(

@@ -13,8 +13,7 @@ const FILE: &str = "tests/reports.rs";
 
 #[track_caller]
 fn harness(name: &str, device: &str) -> LeakTest {
-    let caller = std::panic::Location::caller();
-    LeakTest::new(name).device(device).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+    common::located(name).device(device)
 }
 
 /// A fresh folder under target/ for one test.

@@ -14,11 +14,7 @@ const FILE: &str = "tests/scope.rs";
 
 #[track_caller]
 fn leak_test(name: &str, device: &str, scope: &str) -> LeakTest {
-    let caller = std::panic::Location::caller();
-    LeakTest::new(name)
-        .device(device)
-        .scope(scope)
-        .location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+    common::located(name).device(device).scope(scope)
 }
 
 fn leak_on(report: &Report, device: Device) -> &gpu_leak_test::verdict::Leak {

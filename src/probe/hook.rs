@@ -28,7 +28,7 @@ use tch::Device;
 const MAX_CUDA_DEVICES: usize = 16;
 const SLOTS: usize = MAX_CUDA_DEVICES + 3;
 const OTHER_SLOT: usize = MAX_CUDA_DEVICES + 1;
-pub(super) const HOST_OBJECTS_SLOT: usize = MAX_CUDA_DEVICES + 2;
+const HOST_OBJECTS_SLOT: usize = MAX_CUDA_DEVICES + 2;
 /// libtorch's c10::DeviceType values, and the shim's own for the C++ heap
 /// (`kHostObjectsDeviceType` in csrc/shim.h).
 const DEVICE_TYPE_CPU: i32 = 0;
@@ -382,12 +382,11 @@ impl Tracker {
     }
 
     pub fn view(&self, device: Device) -> HookView {
-        let slot = lock(&self.state.counts).slots[slot_of(device)];
-        HookView { live_bytes: slot.live, peak_bytes: slot.peak, allocations: slot.allocations, frees: slot.frees }
+        self.layer_view(Layer::Tensors(device))
     }
 
     pub fn live_bytes(&self, device: Device) -> i64 {
-        lock(&self.state.counts).slots[slot_of(device)].live
+        self.view(device).live_bytes
     }
 
     /// One layer's figures: a device's tensors, or the C++ heap.

@@ -12,6 +12,15 @@ pub fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
 }
 
+/// A leak test located at the line that calls it (through any chain of
+/// `#[track_caller]` helpers), as reports show it, with the crate's folder at
+/// build time as the root that attribution strips from the stacks' paths.
+#[track_caller]
+pub fn located(name: &str) -> gpu_leak_test::LeakTest {
+    let caller = std::panic::Location::caller();
+    gpu_leak_test::LeakTest::new(name).location(format!("{}:{}", caller.file(), caller.line()), env!("CARGO_MANIFEST_DIR"))
+}
+
 /// What the hook reports for an allocation of `bytes`: exact on the CPU,
 /// rounded up to the caching allocator's 512-byte blocks on CUDA (exact
 /// again under `backend:cudaMallocAsync`, whose statistics count requests).
