@@ -25,7 +25,7 @@ fn cuda_runtime_headers(lib_dir: &std::path::Path) -> Option<PathBuf> {
 }
 
 fn main() {
-    for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp"] {
+    for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp", "csrc/driver_calls.cpp"] {
         println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-env-changed={CUDA_INCLUDE_VAR}");
@@ -68,6 +68,8 @@ fn main() {
         // Replaces operator new and delete for the whole test binary, so
         // libtorch's host objects are counted (see the file).
         .file("csrc/host_objects.cpp")
+        // Driver allocations outside libtorch's allocators, through CUPTI.
+        .file("csrc/driver_calls.cpp")
         .compile("gpu_leak_test_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=c10");

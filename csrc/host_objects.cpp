@@ -193,7 +193,7 @@ void report(void* ptr, int64_t size) {
   }
   reporting = true;
   if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0) {
-    glt::report_host_object_to_hook(ptr, size);
+    glt::report_to_hook(ptr, size, glt::kHostObjectsDeviceType, -1);
   }
   if (glt::host_objects_observed.load(std::memory_order_relaxed) != 0) {
     if (size > 0) {

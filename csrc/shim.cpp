@@ -339,13 +339,13 @@ RustHook* innermost_hook() {
 }  // namespace
 
 namespace glt {
-void report_host_object_to_hook(void* ptr, int64_t size) {
+void report_to_hook(void* ptr, int64_t size, int32_t device_type, int32_t index) {
   if (size < 0) {
     // A free, to every hook: each tracker forgets the block if it had it.
     std::lock_guard<std::mutex> guard(live_hooks_mutex);
     for (int i = 0; i < live_hooks_end; ++i) {
       if (RustHook* hook = live_hooks[i]) {
-        hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
+        hook->on_event(hook->context, ptr, size, device_type, index);
       }
     }
     return;
@@ -354,7 +354,7 @@ void report_host_object_to_hook(void* ptr, int64_t size) {
   // run its backward(), so they count allocations too, as they do tensors.
   RustHook* hook = own_hook != nullptr ? own_hook : innermost_hook();
   if (hook != nullptr) {
-    hook->on_event(hook->context, ptr, size, kHostObjectsDeviceType, -1);
+    hook->on_event(hook->context, ptr, size, device_type, index);
   }
 }
 }  // namespace glt

@@ -11,14 +11,26 @@ namespace glt {
 // c10's device types are all >= 0.
 constexpr int32_t kHostObjectsDeviceType = -2;
 
+// The device types of allocations made through the CUDA driver
+// (driver_calls.cpp): outside libtorch's allocators, and by libtorch's CUDA
+// allocator itself (its segments; with caching off or the cudaMallocAsync
+// backend, each tensor). The index is the CUDA device, or -1 for pinned
+// host memory.
+constexpr int32_t kOutsideLibtorchDeviceType = -3;
+constexpr int32_t kCudaAllocatorCallsDeviceType = -4;
+// Pinned host memory libtorch's caching host allocator asks the driver for
+// (pin_memory()): CPU tensors.
+constexpr int32_t kPinnedByLibtorchDeviceType = -5;
+
 // Threads with a gpu-leak-test hook pushed, and whether a process-wide
 // observation is open: operator new reports only while one is non-zero.
 extern std::atomic<int> host_object_hooks;
 extern std::atomic<int> host_objects_observed;
 
-// Reports a C++ heap block (size > 0, its usable size) or its free
-// (size < 0) to the hook on this thread, where there is one.
-void report_host_object_to_hook(void* ptr, int64_t size);
+// Reports a block the hook cannot see itself (a C++ heap block, a driver
+// allocation; size > 0) to the hook on this thread, where there is one,
+// and its free (size < 0) to every hook.
+void report_to_hook(void* ptr, int64_t size, int32_t device_type, int32_t index);
 
 // Finds libc10_cuda.so's code once CUDA is loaded (later calls do
 // nothing): operator new called from there is the CUDA caching

@@ -173,7 +173,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             }
             (None, false, true) => "allocated in library code with no frame of yours on the stack".to_string(),
         };
-        let key = format!("{}|{description}|{inside_backward}", survivor.layer());
+        let key = format!("{}|{description}|{inside_backward}", survivor.layer);
         let site = sites.entry(key).or_insert_with(|| Site {
             location,
             function,
@@ -187,7 +187,7 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             inside_backward,
             on_other_thread: !survivor.on_owner_thread,
             device: survivor.device,
-            layer: survivor.layer(),
+            layer: survivor.layer,
             thread: survivor.thread.as_deref().map(str::to_string),
             suppressed_by: None,
             addresses: Vec::new(),

@@ -15,31 +15,45 @@ pub enum Layer {
     /// counted through operator new. Rust's heap (a `Vec<f64>` of losses) is
     /// not in it.
     HostObjects,
+    /// Memory allocated through the CUDA driver by code outside libtorch's
+    /// allocators: on a CUDA device (a custom kernel crate's `cuMemAlloc`,
+    /// NCCL's buffers, a library's `cudaMalloc`), or pinned host memory on
+    /// the CPU (`cudaHostAlloc` outside libtorch's caching host allocator).
+    /// Seen through CUPTI's callbacks on the driver's allocation calls.
+    OutsideLibtorch(Device),
 }
 
 impl Layer {
     /// The device whose memory it is: the CPU for the C++ heap.
     pub fn device(self) -> Device {
         match self {
-            Layer::Tensors(device) => device,
+            Layer::Tensors(device) | Layer::OutsideLibtorch(device) => device,
             Layer::HostObjects => Device::Cpu,
         }
     }
 
-    /// Its name in reports and the JSON: `cpu`, `cuda:0`, `host-objects`.
+    /// Its name in reports and the JSON: `cpu`, `cuda:0`, `host-objects`,
+    /// `outside-libtorch:cuda:0`, `outside-libtorch:cpu`.
     pub fn name(self) -> String {
         match self {
             Layer::Tensors(device) => crate::report::device_name(device),
             Layer::HostObjects => HOST_OBJECTS.to_string(),
+            Layer::OutsideLibtorch(device) => format!("{OUTSIDE_LIBTORCH}:{}", crate::report::device_name(device)),
         }
     }
 
     /// The inverse of [`Layer::name`].
     pub fn from_name(name: &str) -> Option<Layer> {
+        let device = |name: &str| match name {
+            "cpu" => Some(Device::Cpu),
+            other => other.strip_prefix("cuda:")?.parse().ok().map(Device::Cuda),
+        };
         match name {
             HOST_OBJECTS => Some(Layer::HostObjects),
-            "cpu" => Some(Layer::Tensors(Device::Cpu)),
-            other => other.strip_prefix("cuda:")?.parse().ok().map(|index| Layer::Tensors(Device::Cuda(index))),
+            other => match other.strip_prefix(OUTSIDE_LIBTORCH).and_then(|rest| rest.strip_prefix(':')) {
+                Some(rest) => device(rest).map(Layer::OutsideLibtorch),
+                None => device(other).map(Layer::Tensors),
+            },
         }
     }
 
@@ -51,11 +65,20 @@ impl Layer {
             Layer::HostObjects => {
                 "libtorch's host objects: its C++ heap (autograd graph nodes, saved-variable records, TensorImpls)"
             }
+            Layer::OutsideLibtorch(Device::Cuda(_)) => {
+                "device memory allocated through the CUDA driver outside libtorch's allocators (cuMemAlloc, \
+                 cudaMalloc, cuMemCreate from other code)"
+            }
+            Layer::OutsideLibtorch(_) => {
+                "pinned host memory allocated through the CUDA driver outside libtorch's caching host allocator \
+                 (cudaHostAlloc, cuMemAllocHost from other code)"
+            }
         }
     }
 }
 
 const HOST_OBJECTS: &str = "host-objects";
+const OUTSIDE_LIBTORCH: &str = "outside-libtorch";
 
 impl From<Device> for Layer {
     fn from(device: Device) -> Layer {
@@ -88,10 +111,18 @@ mod tests {
 
     #[test]
     fn every_layer_reads_back_from_its_name() {
-        for layer in [Layer::Tensors(Device::Cpu), Layer::Tensors(Device::Cuda(3)), Layer::HostObjects] {
+        for layer in [
+            Layer::Tensors(Device::Cpu),
+            Layer::Tensors(Device::Cuda(3)),
+            Layer::HostObjects,
+            Layer::OutsideLibtorch(Device::Cuda(1)),
+            Layer::OutsideLibtorch(Device::Cpu),
+        ] {
             assert_eq!(Layer::from_name(&layer.name()), Some(layer));
         }
         assert_eq!(Layer::from_name("gpu"), None);
+        assert_eq!(Layer::from_name("outside-libtorch"), None);
+        assert_eq!(Layer::from_name("outside-libtorch:gpu"), None);
         assert_eq!(Layer::HostObjects.device(), Device::Cpu);
     }
 }

@@ -92,9 +92,13 @@ where
             continue;
         }
         let source = run.sources[index];
-        match sources::prove(source, on, device, &run.tracker, &coverage) {
-            Ok(added) if on == Layer::HostObjects => run.records_per_tensor = added,
-            Ok(_) => {}
+        match sources::prove(source, on, device, scope.is_process(), &run.tracker, &coverage) {
+            Ok(proved) => {
+                run.sources[index] = proved.source;
+                if on == Layer::HostObjects {
+                    run.records_per_tensor = proved.added;
+                }
+            }
             Err(reason) => {
                 drop(hook);
                 return run.stop_on(index, source.cannot_measure(on, reason), started);
@@ -211,6 +215,12 @@ fn followed_layers(body: Device) -> Vec<Layer> {
     if !layers.contains(&Layer::Tensors(body)) {
         layers.push(Layer::Tensors(body));
     }
+    // What the body's CUDA device gets from the driver outside libtorch,
+    // and pinned host memory likewise (a CPU body has neither in a process
+    // without CUDA, so it follows them on no runner).
+    if body.is_cuda() {
+        layers.extend([Layer::OutsideLibtorch(body), Layer::OutsideLibtorch(Device::Cpu)]);
+    }
     layers
 }
 
@@ -265,7 +275,7 @@ impl<'a> Run<'a> {
             // tracker, and the shim's own count of the C++ heap.
             let level = |l: Layer| match l {
                 Layer::HostObjects => crate::probe::process::host_objects().0,
-                Layer::Tensors(_) => global.layer_view(l).live_bytes,
+                Layer::Tensors(_) | Layer::OutsideLibtorch(_) => global.layer_view(l).live_bytes,
             };
             self.global_levels.push(self.layers.iter().map(|&l| level(l)).collect());
         }
@@ -484,7 +494,9 @@ impl<'a> Run<'a> {
                 Layer::HostObjects => {
                     verdict::host_objects_after_attribution(leak, replaced, grew_during_attribution[d], suppressed, threshold)
                 }
-                Layer::Tensors(_) => verdict::after_attribution(leak, replaced, suppressed, threshold),
+                Layer::Tensors(_) | Layer::OutsideLibtorch(_) => {
+                    verdict::after_attribution(leak, replaced, suppressed, threshold)
+                }
             };
         }
         self.judge_host_objects_beside_kept_tensors();

@@ -78,3 +78,48 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
     assert!(report.passed(), "{report}");
     assert_eq!(report.judged(Layer::HostObjects).unwrap().source, "operator new (the process's C++ heap)", "{report}");
 }
+
+/// Device memory outside libtorch made blind on purpose, and then blinded
+/// the way users blind it: a profiler holding CUPTI, which takes one
+/// subscriber. Each CUDA test is "cannot measure" with what to do, never
+/// clean; with CUPTI free again it is judged.
+#[test]
+fn blind_driver_calls_and_a_second_cupti_subscriber_fail_as_cannot_measure() {
+    let Some(index) = gpu_leak_test::cuda_device_or_skip("blind_driver_calls_and_a_second_cupti_subscriber") else {
+        return;
+    };
+    let _switches = one_at_a_time();
+    let outside = Layer::OutsideLibtorch(Device::Cuda(index));
+    let run = |name: &str, scope: &str| {
+        LeakTest::new(name)
+            .device(format!("cuda:{index}"))
+            .scope(scope)
+            .run(|device| drop(Tensor::zeros([64], (Kind::Float, device))))
+            .unwrap()
+    };
+    gpu_leak_test::internals::probe::driver::switch_off(true);
+    for scope in ["thread", "process"] {
+        let report = run("blind_driver_calls", scope);
+        let Verdict::CannotMeasure { layer, reason, .. } = &report.verdict else {
+            panic!("blind driver calls gave a verdict ({scope} scope):\n{report}")
+        };
+        assert_eq!(report.verdict_layer, outside, "{report}");
+        assert!(layer.contains("outside libtorch") && reason.contains("switched off"), "{report}");
+    }
+    gpu_leak_test::internals::probe::driver::switch_off(false);
+
+    let profiler = gpu_leak_test::internals::probe::driver::ProfilerStandIn::hold_cupti().expect("CUPTI is free");
+    for scope in ["thread", "process"] {
+        let report = run("second_cupti_subscriber", scope);
+        let Verdict::CannotMeasure { reason, .. } = &report.verdict else {
+            panic!("a test with CUPTI held by another subscriber gave a verdict ({scope} scope):\n{report}")
+        };
+        assert_eq!(report.verdict_layer, outside, "{report}");
+        assert!(reason.contains("another CUPTI subscriber") && reason.contains("profiler"), "{report}");
+        assert!(report.to_string().contains("CANNOT MEASURE in `second_cupti_subscriber`"), "{report}");
+    }
+    drop(profiler);
+    let report = run("cupti_free_again", "process");
+    assert!(report.passed(), "{report}");
+    assert!(report.judged(outside).unwrap().source.contains("CUPTI"), "{report}");
+}

@@ -56,6 +56,12 @@ extern "C" {
     pub(crate) fn glt_process_record_host_object_sites(record: c_int);
     pub(crate) fn glt_process_install_cpu(installed: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
+    pub(crate) fn glt_driver_calls_start(why: *mut *mut c_char);
+    pub(crate) fn glt_driver_calls_stop();
+    pub(crate) fn glt_driver_calls_switch_off(off: c_int);
+    pub(crate) fn glt_driver_calls_count_cuda_allocator(on: c_int);
+    pub(crate) fn glt_driver_calls_hold_cupti_as_profiler(hold: c_int, why: *mut *mut c_char);
+    pub(crate) fn glt_driver_calls_canary(device: c_int, bytes: i64, pinned: c_int, why: *mut *mut c_char);
 }
 
 /// Takes ownership of a string the shim allocated (null is fine).

@@ -23,26 +23,45 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tch::Device;
 
 /// Slot 0 is the CPU, slots 1..=MAX_CUDA_DEVICES are cuda:0.., the next one
-/// collects anything else libtorch reports (MPS, XPU, ...), the last one is
-/// the C++ heap (libtorch's host objects).
+/// collects anything else libtorch reports (MPS, XPU, ...), then the C++
+/// heap (libtorch's host objects), then memory allocated through the CUDA
+/// driver outside libtorch (pinned host memory, then cuda:0..), then what
+/// libtorch's CUDA allocator asked the driver for (cuda:0..), which counts
+/// tensors where the allocator reports nothing else (see sources.rs), then
+/// the pinned host memory libtorch's caching host allocator asks the driver
+/// for (CPU tensors).
 const MAX_CUDA_DEVICES: usize = 16;
-const SLOTS: usize = MAX_CUDA_DEVICES + 3;
 const OTHER_SLOT: usize = MAX_CUDA_DEVICES + 1;
 const HOST_OBJECTS_SLOT: usize = MAX_CUDA_DEVICES + 2;
+const OUTSIDE_PINNED_SLOT: usize = MAX_CUDA_DEVICES + 3;
+const OUTSIDE_CUDA_SLOTS: usize = MAX_CUDA_DEVICES + 4;
+const ALLOCATOR_CALLS_SLOTS: usize = OUTSIDE_CUDA_SLOTS + MAX_CUDA_DEVICES;
+const PINNED_SLOT: usize = ALLOCATOR_CALLS_SLOTS + MAX_CUDA_DEVICES;
+const SLOTS: usize = PINNED_SLOT + 1;
 /// libtorch's c10::DeviceType values, and the shim's own for the C++ heap
-/// (`kHostObjectsDeviceType` in csrc/shim.h).
+/// and the driver's allocations (csrc/shim.h).
 const DEVICE_TYPE_CPU: i32 = 0;
 const DEVICE_TYPE_CUDA: i32 = 1;
 const DEVICE_TYPE_HOST_OBJECTS: i32 = -2;
+const DEVICE_TYPE_OUTSIDE_LIBTORCH: i32 = -3;
+const DEVICE_TYPE_CUDA_ALLOCATOR_CALLS: i32 = -4;
+const DEVICE_TYPE_PINNED_BY_LIBTORCH: i32 = -5;
+
+fn cuda_index(device_index: i32) -> Option<usize> {
+    // A CUDA event without an index belongs to the current device; libtorch
+    // always sets it, so that is only a guard.
+    (device_index < MAX_CUDA_DEVICES as i32).then_some(device_index.max(0) as usize)
+}
 
 fn slot_of_raw(device_type: i32, device_index: i32) -> usize {
-    match device_type {
-        DEVICE_TYPE_CPU => 0,
-        DEVICE_TYPE_HOST_OBJECTS => HOST_OBJECTS_SLOT,
-        DEVICE_TYPE_CUDA if (0..MAX_CUDA_DEVICES as i32).contains(&device_index) => 1 + device_index as usize,
-        // A CUDA event without an index belongs to the current device; libtorch
-        // always sets it, so this is only a guard.
-        DEVICE_TYPE_CUDA if device_index < 0 => 1,
+    match (device_type, cuda_index(device_index)) {
+        (DEVICE_TYPE_CPU, _) => 0,
+        (DEVICE_TYPE_HOST_OBJECTS, _) => HOST_OBJECTS_SLOT,
+        (DEVICE_TYPE_PINNED_BY_LIBTORCH, _) => PINNED_SLOT,
+        (DEVICE_TYPE_OUTSIDE_LIBTORCH, _) if device_index < 0 => OUTSIDE_PINNED_SLOT,
+        (DEVICE_TYPE_OUTSIDE_LIBTORCH, Some(index)) => OUTSIDE_CUDA_SLOTS + index,
+        (DEVICE_TYPE_CUDA_ALLOCATOR_CALLS, Some(index)) => ALLOCATOR_CALLS_SLOTS + index,
+        (DEVICE_TYPE_CUDA, Some(index)) => 1 + index,
         _ => OTHER_SLOT,
     }
 }
@@ -59,15 +78,34 @@ fn slot_of_layer(layer: Layer) -> usize {
     match layer {
         Layer::Tensors(device) => slot_of(device),
         Layer::HostObjects => HOST_OBJECTS_SLOT,
+        Layer::OutsideLibtorch(Device::Cuda(index)) => slot_of_raw(DEVICE_TYPE_OUTSIDE_LIBTORCH, index as i32),
+        Layer::OutsideLibtorch(_) => OUTSIDE_PINNED_SLOT,
+    }
+}
+
+/// The layer a slot's blocks count in: what libtorch's CUDA allocator asked
+/// the driver for is that device's tensors (counted only where they are the
+/// source).
+fn layer_of_slot(slot: usize) -> Layer {
+    match slot {
+        0 | PINNED_SLOT => Layer::Tensors(Device::Cpu),
+        HOST_OBJECTS_SLOT => Layer::HostObjects,
+        OUTSIDE_PINNED_SLOT => Layer::OutsideLibtorch(Device::Cpu),
+        OTHER_SLOT => Layer::Tensors(Device::Mps),
+        n if n < OTHER_SLOT => Layer::Tensors(Device::Cuda(n - 1)),
+        n if n < ALLOCATOR_CALLS_SLOTS => Layer::OutsideLibtorch(Device::Cuda(n - OUTSIDE_CUDA_SLOTS)),
+        n => Layer::Tensors(Device::Cuda(n - ALLOCATOR_CALLS_SLOTS)),
     }
 }
 
 fn device_of_raw(device_type: i32, device_index: i32) -> Device {
-    match device_type {
-        DEVICE_TYPE_CPU | DEVICE_TYPE_HOST_OBJECTS => Device::Cpu,
-        DEVICE_TYPE_CUDA => Device::Cuda(device_index.max(0) as usize),
-        _ => Device::Mps,
-    }
+    layer_of_slot(slot_of_raw(device_type, device_index)).device()
+}
+
+/// True for slots whose frees are broadcast to every tracker (the shim does
+/// not know whose block it was), so a free of an unknown block is no news.
+fn frees_broadcast(slot: usize) -> bool {
+    slot >= HOST_OBJECTS_SLOT
 }
 
 #[derive(Default, Clone, Copy)]
@@ -110,9 +148,10 @@ pub struct LiveAllocation {
     pub address: usize,
     pub bytes: u64,
     pub device: Device,
-    /// A C++ heap block (one of libtorch's host objects: a graph node, a
-    /// `TensorImpl`), not tensor storage; its device is the CPU.
-    pub host_object: bool,
+    /// The layer it counts in: tensor storage, a C++ heap block (one of
+    /// libtorch's host objects: a graph node, a `TensorImpl`), or a driver
+    /// allocation outside libtorch.
+    pub layer: Layer,
     /// The tag that was current when it was allocated (the harness uses the
     /// iteration number).
     pub tag: u32,
@@ -125,17 +164,6 @@ pub struct LiveAllocation {
     /// `None`.
     pub thread: Option<Arc<str>>,
     pub stack: Stack,
-}
-
-impl LiveAllocation {
-    /// The layer it counts in.
-    pub fn layer(&self) -> Layer {
-        if self.host_object {
-            Layer::HostObjects
-        } else {
-            Layer::Tensors(self.device)
-        }
-    }
 }
 
 /// A failed allocation libtorch reported (out of memory).
@@ -217,7 +245,6 @@ struct Block {
 
 /// Everything one event updates, behind one lock: the event takes it
 /// once, and the counters need no atomic operations of their own.
-#[derive(Default)]
 struct Counts {
     slots: [Slot; SLOTS],
     /// Every live block by address. Frees count only for blocks in here:
@@ -268,7 +295,7 @@ impl TrackerState {
                 address,
                 bytes,
                 device: device_of_raw(device_type, device_index),
-                host_object: slot == HOST_OBJECTS_SLOT,
+                layer: layer_of_slot(slot),
                 tag: self.tag.load(Relaxed),
                 on_owner_thread: !other_thread,
                 thread: if other_thread { current_thread_name() } else { None },
@@ -287,7 +314,7 @@ impl TrackerState {
         counters.live += bytes as i64;
         counters.allocations += 1;
         counters.peak = counters.peak.max(counters.live);
-        if other_thread && slot != HOST_OBJECTS_SLOT {
+        if other_thread && !frees_broadcast(slot) {
             counts.allocations_on_other_threads += 1;
         }
     }
@@ -295,13 +322,26 @@ impl TrackerState {
     fn on_free(&self, address: usize, slot: usize) {
         let mut counts = lock(&self.counts);
         let Some(block) = counts.blocks.remove(&address) else {
-            // The C++ heap frees what it made before the test all the time.
-            if slot != HOST_OBJECTS_SLOT {
+            // The C++ heap frees what it made before the test all the time,
+            // and every tracker hears of every such free.
+            if !frees_broadcast(slot) {
                 counts.foreign_frees += 1;
             }
             return;
         };
         counts.count_free(&block);
+    }
+}
+
+impl Default for Counts {
+    // std derives Default for arrays of up to 32 only.
+    fn default() -> Self {
+        Counts {
+            slots: [Slot::default(); SLOTS],
+            blocks: BlockMap::default(),
+            foreign_frees: 0,
+            allocations_on_other_threads: 0,
+        }
     }
 }
 
@@ -389,9 +429,31 @@ impl Tracker {
         self.view(device).live_bytes
     }
 
-    /// One layer's figures: a device's tensors, or the C++ heap.
+    /// One layer's figures: a device's tensors, the C++ heap, or driver
+    /// allocations outside libtorch.
     pub fn layer_view(&self, layer: Layer) -> HookView {
-        let slot = lock(&self.state.counts).slots[slot_of_layer(layer)];
+        self.slot_view(slot_of_layer(layer))
+    }
+
+    /// What libtorch's CUDA allocator asked the driver for on `cuda:index`
+    /// and still holds, where the shim counts it (see sources.rs).
+    pub(crate) fn cuda_allocator_calls_view(&self, index: usize) -> HookView {
+        self.slot_view(ALLOCATOR_CALLS_SLOTS + index.min(MAX_CUDA_DEVICES - 1))
+    }
+
+    /// Pinned host memory libtorch's caching host allocator holds from the
+    /// driver, as far as the shim saw it asked for on this tracker's threads.
+    pub(crate) fn pinned_view(&self) -> HookView {
+        self.slot_view(PINNED_SLOT)
+    }
+
+    pub(crate) fn reset_cuda_allocator_calls_peak(&self, index: usize) {
+        let slot = &mut lock(&self.state.counts).slots[ALLOCATOR_CALLS_SLOTS + index.min(MAX_CUDA_DEVICES - 1)];
+        slot.peak = slot.live;
+    }
+
+    fn slot_view(&self, slot: usize) -> HookView {
+        let slot = lock(&self.state.counts).slots[slot];
         HookView { live_bytes: slot.live, peak_bytes: slot.peak, allocations: slot.allocations, frees: slot.frees }
     }
 
@@ -427,8 +489,12 @@ impl Tracker {
 
     /// Starts a new peak window: the peak becomes the current live bytes.
     pub fn reset_peak(&self, layer: impl Into<Layer>) {
-        let slot = &mut lock(&self.state.counts).slots[slot_of_layer(layer.into())];
-        slot.peak = slot.live;
+        let layer = layer.into();
+        let mut counts = lock(&self.state.counts);
+        let slots: &[usize] = if layer == Layer::Tensors(Device::Cpu) { &[0, PINNED_SLOT] } else { &[slot_of_layer(layer)] };
+        for &slot in slots {
+            counts.slots[slot].peak = counts.slots[slot].live;
+        }
     }
 
     /// Starts keeping every new allocation with its stack, tagged `tag`.
@@ -462,7 +528,7 @@ impl Tracker {
     pub fn recorded_bytes_by_stack(&self) -> HashMap<(Layer, Vec<usize>), u64> {
         let mut by_stack: HashMap<(Layer, Vec<usize>), u64> = HashMap::new();
         for recorded in lock(&self.state.counts).blocks.values().filter_map(|b| b.recorded.as_deref()) {
-            *by_stack.entry((recorded.layer(), recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
+            *by_stack.entry((recorded.layer, recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
         }
         by_stack
     }

@@ -2,6 +2,7 @@
 //! allocator's statistics, and the driver's view. A [`Snapshot`] reads all of
 //! them for one device at one moment.
 pub mod cuda;
+pub mod driver;
 mod ffi;
 pub mod hook;
 pub mod host;

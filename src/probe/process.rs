@@ -65,6 +65,9 @@ pub struct Coverage {
     /// loaded, a build without CUDA headers, an allocator without trace
     /// support).
     pub cuda: std::result::Result<(), String>,
+    /// CUPTI counts the CUDA driver's allocation calls (where CUDA is
+    /// loaded); `Err` says why not (another subscriber, no CUPTI).
+    pub driver: std::result::Result<(), String>,
 }
 
 struct Observer {
@@ -74,8 +77,11 @@ struct Observer {
     coverage: Coverage,
 }
 
-static OBSERVER: Mutex<Observer> =
-    Mutex::new(Observer { users: 0, tracker: None, coverage: Coverage { cpu: false, cuda: Ok(()) } });
+static OBSERVER: Mutex<Observer> = Mutex::new(Observer {
+    users: 0,
+    tracker: None,
+    coverage: Coverage { cpu: false, cuda: Ok(()), driver: Ok(()) },
+});
 /// Tracker states that were published to the sink, kept so that an event in
 /// flight when they were unset never reads freed memory. Their block maps
 /// are emptied: what stays is a few hundred bytes per observation.
@@ -110,9 +116,17 @@ fn attach_cuda_trace() -> std::result::Result<(), String> {
     }
 }
 
+/// Subscribes to the driver's allocation calls where CUDA is loaded.
+fn start_driver_calls() -> std::result::Result<(), String> {
+    if !super::cuda::is_loaded() {
+        return Err("CUDA is not loaded in this process".into());
+    }
+    super::driver::start()
+}
+
 impl Default for Coverage {
     fn default() -> Self {
-        Coverage { cpu: false, cuda: Err("not observed".into()) }
+        Coverage { cpu: false, cuda: Err("not observed".into()), driver: Err("not observed".into()) }
     }
 }
 
@@ -146,12 +160,19 @@ impl Observation {
             unsafe { ffi::glt_process_set_sink(Some(on_process_event)) };
             // SAFETY: sets an atomic flag.
             unsafe { ffi::glt_process_observe_host_objects(1) };
-            observer.coverage = Coverage { cpu, cuda };
+            // After the sink is set: the driver's calls report to it.
+            let driver = start_driver_calls();
+            observer.coverage = Coverage { cpu, cuda, driver };
             observer.tracker = Some(tracker);
-        } else if observer.coverage.cuda.is_err() {
+        } else {
             // Opened by a test on the CPU before CUDA was loaded; a CUDA test
             // joining now brings it, and the tracker sees its events from here.
-            observer.coverage.cuda = attach_cuda_trace();
+            if observer.coverage.cuda.is_err() {
+                observer.coverage.cuda = attach_cuda_trace();
+            }
+            if observer.coverage.driver.is_err() {
+                observer.coverage.driver = start_driver_calls();
+            }
         }
         observer.users += 1;
         Ok(Observation { tracker: observer.tracker.clone().expect("set while users > 0"), coverage: observer.coverage.clone() })
@@ -175,6 +196,10 @@ impl Drop for Observation {
         }
         // SAFETY: sets an atomic flag.
         unsafe { ffi::glt_process_observe_host_objects(0) };
+        if observer.coverage.driver.is_ok() {
+            super::driver::stop();
+            observer.coverage.driver = Err("not observed".into());
+        }
         SINK_TARGET.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(tracker) = observer.tracker.take() {
             tracker.forget_blocks();

@@ -50,6 +50,14 @@ pub enum Source {
     /// The shim's replacement of operator new, for the whole process's C++
     /// heap (process scope): counted in the shim, without a lock or a map.
     OperatorNew,
+    /// CUPTI's callbacks on the CUDA driver's allocation calls, for the
+    /// whole process (process scope): memory outside libtorch's allocators.
+    DriverCalls,
+    /// What libtorch's CUDA allocator asks the driver for, through CUPTI:
+    /// each tensor, where caching is off or the `cudaMallocAsync` backend
+    /// reports nothing else. The hook's share on its threads in thread
+    /// scope, the whole process's in process scope.
+    CudaAllocatorCalls,
 }
 
 impl Source {
@@ -64,6 +72,8 @@ impl Source {
             Source::CudaTrace => "the CUDA caching allocator's trace",
             Source::CudaStatistics => "the CUDA allocator's statistics",
             Source::OperatorNew => "operator new (the process's C++ heap)",
+            Source::DriverCalls => "CUPTI's callbacks on the CUDA driver's allocation calls",
+            Source::CudaAllocatorCalls => "libtorch's CUDA allocator's calls to the driver, seen through CUPTI",
         }
     }
 
@@ -83,6 +93,7 @@ impl Source {
 pub(crate) fn choose(layer: Layer, process_scope: bool, coverage: &Coverage) -> Source {
     match (layer, process_scope) {
         (_, false) => Source::Hook,
+        (Layer::OutsideLibtorch(_), true) => Source::DriverCalls,
         (Layer::HostObjects, true) => Source::OperatorNew,
         (Layer::Tensors(Device::Cpu), true) if cuda::pinned_held_bytes().is_some() => Source::CpuAndPinnedAllocators,
         (Layer::Tensors(Device::Cpu), true) => Source::CountingCpuAllocator,
@@ -103,14 +114,25 @@ pub(crate) fn level(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
             tracker.layer_view(layer).live_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
         }
         (Source::OperatorNew, _) => super::process::host_objects().0,
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
+            tracker.cuda_allocator_calls_view(index).live_bytes
+        }
+        // The hook's threads' pinned host memory is host memory too.
+        (Source::Hook, Layer::Tensors(Device::Cpu)) => {
+            tracker.layer_view(layer).live_bytes + tracker.pinned_view().live_bytes
+        }
         _ => tracker.layer_view(layer).live_bytes,
     }
 }
 
 /// Allocations and frees `source` counted in `layer` so far.
 pub(crate) fn events(source: Source, layer: Layer, tracker: &Tracker) -> u64 {
-    match source {
-        Source::OperatorNew => super::process::host_objects().1,
+    match (source, layer) {
+        (Source::OperatorNew, _) => super::process::host_objects().1,
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
+            let view = tracker.cuda_allocator_calls_view(index);
+            view.allocations + view.frees
+        }
         _ => {
             let view = tracker.layer_view(layer);
             view.allocations + view.frees
@@ -130,6 +152,12 @@ pub(crate) fn peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
         }
         // The shim's sums keep no peak; no budget is set on this layer.
         (Source::OperatorNew, _) => super::process::host_objects().0,
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
+            tracker.cuda_allocator_calls_view(index).peak_bytes
+        }
+        (Source::Hook, Layer::Tensors(Device::Cpu)) => {
+            tracker.layer_view(layer).peak_bytes + tracker.pinned_view().peak_bytes
+        }
         _ => tracker.layer_view(layer).peak_bytes,
     }
 }
@@ -143,6 +171,7 @@ pub(crate) fn reset_peak(source: Source, layer: Layer, tracker: &Tracker) {
             let _ = cuda::reset_peak_stats(index);
         }
         (Source::OperatorNew, _) => {}
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => tracker.reset_cuda_allocator_calls_peak(index),
         _ => tracker.reset_peak(layer),
     }
 }
@@ -156,15 +185,68 @@ const CANARY_BYTES: i64 = 512;
 /// calls did not reach the replacement.
 const HOST_RECORDS_CANARY_BYTES: i64 = 128;
 
-/// Allocates and frees a canary tensor on `layer`'s device (on this
-/// thread) and checks that `source` saw both, up to three tries (another
-/// thread's allocation in between can hide it once). For the C++ heap the
-/// canary is a CPU tensor, whose records libtorch allocates there. Host
-/// memory that counts pinned bytes too is also proved with a pinned canary,
-/// where the body runs on CUDA (`body`). `Ok` is what the canary added to
-/// the layer (for the C++ heap, one tensor's records); `Err` says why it is
-/// blind.
-pub(crate) fn prove(source: Source, layer: Layer, body: Device, tracker: &Tracker, coverage: &Coverage) -> Result<i64, String> {
+/// A source that saw its canary, and what the canary added to the layer
+/// (for the C++ heap, one tensor's records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Proved {
+    pub source: Source,
+    pub added: i64,
+}
+
+/// Proves that `source` counts `layer` (see [`prove_one`]). Where it does
+/// not and the layer is CUDA tensors, what libtorch's CUDA allocator asks
+/// the driver for is tried next (caching switched off, or the
+/// `cudaMallocAsync` backend on the hook), then in process scope the
+/// allocator's statistics. `Err` is why the first source was blind.
+pub(crate) fn prove(
+    source: Source,
+    layer: Layer,
+    body: Device,
+    process_scope: bool,
+    tracker: &Tracker,
+    coverage: &Coverage,
+) -> Result<Proved, String> {
+    let first = prove_one(source, layer, body, tracker, coverage);
+    let mut tried = source;
+    let mut outcome = first.clone();
+    while let (Err(_), Some(next)) = (&outcome, fall_back(tried, layer, process_scope, coverage)) {
+        tried = next;
+        outcome = prove_one(next, layer, body, tracker, coverage);
+    }
+    match outcome {
+        Ok(added) => Ok(Proved { source: tried, added }),
+        Err(_) => first.map(|added| Proved { source, added }),
+    }
+}
+
+/// The source to try on CUDA tensors after `source` was blind.
+fn fall_back(source: Source, layer: Layer, process_scope: bool, coverage: &Coverage) -> Option<Source> {
+    match (source, layer) {
+        (Source::Hook | Source::CudaTrace | Source::CudaStatistics, Layer::Tensors(Device::Cuda(_)))
+            if coverage.driver.is_ok() =>
+        {
+            Some(Source::CudaAllocatorCalls)
+        }
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(_))) if process_scope => Some(Source::CudaStatistics),
+        _ => None,
+    }
+}
+
+/// Allocates and frees a canary on `layer` (on this thread) and checks
+/// that `source` saw both, up to three tries (another thread's allocation
+/// in between can hide it once). A tensor on `layer`'s device for tensors;
+/// for the C++ heap a CPU tensor, whose records libtorch allocates there;
+/// a raw driver allocation made from outside libtorch for memory outside
+/// it. Host memory that counts pinned bytes too is also proved with a
+/// pinned canary, where the body runs on CUDA (`body`). `Ok` is what the
+/// canary added to the layer; `Err` says why it is blind.
+fn prove_one(source: Source, layer: Layer, body: Device, tracker: &Tracker, coverage: &Coverage) -> Result<i64, String> {
+    if let Layer::OutsideLibtorch(on) = layer {
+        return prove_driver_calls(source, layer, on, body, tracker, coverage);
+    }
+    if source == Source::CudaAllocatorCalls {
+        super::driver::count_cuda_allocator_calls();
+    }
     let device = layer.device();
     let sync = || {
         if let Device::Cuda(index) = device {
@@ -185,7 +267,7 @@ pub(crate) fn prove(source: Source, layer: Layer, body: Device, tracker: &Tracke
     let Some(added) = seen else {
         return Err(match layer {
             Layer::HostObjects => host_objects_blind_reason(source),
-            Layer::Tensors(device) => blind_reason(source, device, coverage),
+            Layer::Tensors(device) | Layer::OutsideLibtorch(device) => blind_reason(source, device, coverage),
         });
     };
     reset_peak(source, layer, tracker);
@@ -193,6 +275,50 @@ pub(crate) fn prove(source: Source, layer: Layer, body: Device, tracker: &Tracke
         (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned(body).map(|()| added),
         _ => Ok(added),
     }
+}
+
+/// Memory outside libtorch, on `on` (the CPU: pinned host memory), while
+/// the body runs on CUDA: a raw driver allocation from outside libtorch
+/// must raise the count by its size, and its free lower it again.
+fn prove_driver_calls(
+    source: Source,
+    layer: Layer,
+    on: Device,
+    body: Device,
+    tracker: &Tracker,
+    coverage: &Coverage,
+) -> Result<i64, String> {
+    let what = if on == Device::Cpu { "pinned host" } else { "device" };
+    let blind = |why: &str| {
+        format!("before the body ran, a {CANARY_BYTES} B {what} canary allocated through the CUDA driver could not be seen by {}: {why}", source.name())
+    };
+    if let Err(why) = &coverage.driver {
+        return Err(blind(why));
+    }
+    let index = match body {
+        Device::Cuda(index) => index,
+        _ => 0,
+    };
+    for _ in 0..3 {
+        reset_peak(source, layer, tracker);
+        let before = tracker.layer_view(layer);
+        super::driver::canary(index, CANARY_BYTES, on == Device::Cpu).map_err(|why| blind(&why))?;
+        let after = tracker.layer_view(layer);
+        let seen = after.allocations > before.allocations
+            && after.frees > before.frees
+            && after.peak_bytes - before.live_bytes >= CANARY_BYTES;
+        if seen {
+            reset_peak(source, layer, tracker);
+            return Ok(CANARY_BYTES);
+        }
+    }
+    Err(blind(if super::driver::is_switched_off() {
+        "the count was switched off for a test (gpu_leak_test::internals::probe::driver::switch_off)"
+    } else {
+        "CUPTI did not report the call. A tool that intercepts the driver (an injection library, a wrapper that \
+         calls the driver through cuGetProcAddress tables of its own) can hide calls from CUPTI; run leak tests \
+         without it"
+    }))
 }
 
 /// The pinned half of host memory, where the body runs on `cuda` (its

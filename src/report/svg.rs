@@ -57,14 +57,20 @@ fn tick_label(value: f64, unit: f64, name: &str) -> String {
     }
 }
 
+/// What a layer's exact line shows.
+fn series_name(layer: crate::Layer) -> String {
+    match layer {
+        crate::Layer::HostObjects => "libtorch's host objects".to_string(),
+        crate::Layer::Tensors(device) => format!("tensors alive on {}", device_name(device)),
+        crate::Layer::OutsideLibtorch(device) => format!("driver allocations outside libtorch on {}", device_name(device)),
+    }
+}
+
 /// Renders the timeline.
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let n = samples.len().max(2);
-    let live = match report.verdict_layer {
-        crate::Layer::HostObjects => "libtorch's host objects (exact)".to_string(),
-        _ => format!("tensors alive on {} (exact)", device_name(report.verdict_device)),
-    };
+    let live = format!("{} (exact)", series_name(report.verdict_layer));
     let mut series: Vec<(String, &str, &str, Vec<Option<f64>>)> = vec![
         (live, LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
         ("allocator allocated".into(), ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
@@ -74,10 +80,7 @@ pub fn timeline(report: &Report) -> String {
     // One exact line per other judged device, drawn under the main one.
     let others = report.devices.iter().filter(|d| d.layer != report.verdict_layer && d.levels.len() == samples.len());
     for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
-        let name = match d.layer {
-            crate::Layer::HostObjects => format!("libtorch's host objects (exact, {})", d.verdict.label()),
-            _ => format!("tensors alive on {} (exact, {})", device_name(d.device), d.verdict.label()),
-        };
+        let name = format!("{} (exact, {})", series_name(d.layer), d.verdict.label());
         series.insert(1, (name, color, "4 2", d.levels.iter().map(|&v| Some(v as f64)).collect()));
     }
     // Every series as its change since the sample before the first measured

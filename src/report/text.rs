@@ -44,7 +44,13 @@ fn headline(report: &Report) -> String {
 pub(crate) fn place(report: &Report) -> String {
     match report.verdict_layer {
         crate::Layer::HostObjects => format!("{} (libtorch's host objects)", device_name(report.verdict_device)),
-        _ => device_name(report.verdict_device),
+        crate::Layer::OutsideLibtorch(tch::Device::Cpu) => {
+            "cpu (pinned host memory allocated through the CUDA driver outside libtorch)".to_string()
+        }
+        crate::Layer::OutsideLibtorch(device) => {
+            format!("{} (device memory allocated through the CUDA driver outside libtorch's allocators)", device_name(device))
+        }
+        crate::Layer::Tensors(_) => device_name(report.verdict_device),
     }
 }
 
@@ -140,6 +146,14 @@ fn verdict_lines(report: &Report, out: &mut String) {
                     out,
                     "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
                      records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
+                );
+            }
+            if let crate::Layer::OutsideLibtorch(_) = report.verdict_layer {
+                let _ = writeln!(
+                    out,
+                    "  What grew was allocated through the CUDA driver by code outside libtorch's allocators \
+                     (cuMemAlloc, cudaMalloc, cudaHostAlloc, cuMemCreate), seen through CUPTI: libtorch's \
+                     allocator statistics and empty_cache() do not know it."
                 );
             }
         }
@@ -267,8 +281,10 @@ fn attribution_lines(report: &Report, out: &mut String) {
             None if site.only_last_iteration(last) => "  (last iteration only: replaced each time, not piling up)".into(),
             None => String::new(),
         };
-        if site.layer == crate::Layer::HostObjects {
-            note.insert_str(0, "  [host objects]");
+        match site.layer {
+            crate::Layer::HostObjects => note.insert_str(0, "  [host objects]"),
+            crate::Layer::OutsideLibtorch(_) => note.insert_str(0, "  [outside libtorch]"),
+            crate::Layer::Tensors(_) => {}
         }
         let _ = writeln!(
             out,

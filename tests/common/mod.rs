@@ -23,10 +23,12 @@ pub fn located(name: &str) -> gpu_leak_test::LeakTest {
 
 /// What the hook reports for an allocation of `bytes`: exact on the CPU,
 /// rounded up to the caching allocator's 512-byte blocks on CUDA (exact
-/// again under `backend:cudaMallocAsync`, whose statistics count requests).
+/// again under `backend:cudaMallocAsync` and with caching off, where each
+/// tensor is its own driver allocation of the size asked for).
 pub fn allocated_size(device: &str, bytes: u64) -> u64 {
     let backend = || gpu_leak_test::internals::probe::cuda::allocator_backend().unwrap_or_default();
-    if device.starts_with("cuda") && backend() != "cudaMallocAsync" {
+    let uncached = std::env::var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0");
+    if device.starts_with("cuda") && backend() != "cudaMallocAsync" && !uncached {
         bytes.div_ceil(512) * 512
     } else {
         bytes

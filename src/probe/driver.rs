@@ -1,0 +1,91 @@
+//! Memory allocated through the CUDA driver, seen through CUPTI's callbacks
+//! on the driver's allocation calls (csrc/driver_calls.cpp): what code
+//! outside libtorch's allocators allocates (layer
+//! [`Layer::OutsideLibtorch`](crate::Layer::OutsideLibtorch)), and what
+//! libtorch's CUDA allocator asks the driver for, which counts tensors
+//! where the allocator reports nothing else (caching switched off, the
+//! `cudaMallocAsync` backend on the hook).
+//!
+//! CUPTI takes one subscriber per process; it is held only while an
+//! observation is open ([`super::process`]), so a profiler run later in the
+//! process can have it.
+use super::ffi;
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+
+fn reason(why: *mut c_char) -> Result<(), String> {
+    ffi::take_string(why).map_or(Ok(()), Err)
+}
+
+/// Starts counting (subscribing to CUPTI for the first user). `Err` says
+/// what stands in the way: another subscriber, no CUPTI, a build without
+/// CUDA headers. Balance each `Ok` with one [`stop`].
+pub(crate) fn start() -> Result<(), String> {
+    let mut why = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the shim hands over the string.
+    unsafe { ffi::glt_driver_calls_start(&mut why) };
+    reason(why)
+}
+
+/// One user fewer; the last hands CUPTI back.
+pub(crate) fn stop() {
+    // SAFETY: no arguments; balanced against a successful start.
+    unsafe { ffi::glt_driver_calls_stop() };
+}
+
+/// Allocates `bytes` through the driver on `cuda:index` from outside
+/// libtorch (pinned host memory where `pinned`) and frees it again: the
+/// canary that proves the layer is counted. `Err` where the driver failed.
+pub(crate) fn canary(index: usize, bytes: i64, pinned: bool) -> Result<(), String> {
+    let mut why = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the shim hands over the string.
+    unsafe { ffi::glt_driver_calls_canary(index as c_int, bytes, pinned as c_int, &mut why) };
+    reason(why)
+}
+
+/// Counts what libtorch's CUDA allocator asks the driver for, as that
+/// device's tensors: for backends that report nothing else.
+pub(crate) fn count_cuda_allocator_calls() {
+    // SAFETY: sets an atomic flag.
+    unsafe { ffi::glt_driver_calls_count_cuda_allocator(1) };
+}
+
+/// Makes the driver's allocation calls uncounted (`off = true`) or counted
+/// again: for tests of the "cannot measure" verdict. Not for users.
+#[doc(hidden)]
+pub fn switch_off(off: bool) {
+    SWITCHED_OFF.store(off, Ordering::Relaxed);
+    // SAFETY: sets an atomic flag.
+    unsafe { ffi::glt_driver_calls_switch_off(off as c_int) };
+}
+
+pub(crate) fn is_switched_off() -> bool {
+    SWITCHED_OFF.load(Ordering::Relaxed)
+}
+
+/// CUPTI held by a stand-in for a profiler until dropped: for tests of what
+/// a leak test says when another subscriber has CUPTI. Not for users.
+#[doc(hidden)]
+pub struct ProfilerStandIn(());
+
+impl ProfilerStandIn {
+    /// Subscribes to CUPTI as torch.profiler's Kineto would. `Err` where it
+    /// could not (another subscriber is there already, no CUPTI).
+    pub fn hold_cupti() -> Result<ProfilerStandIn, String> {
+        let mut why = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the shim hands over the string.
+        unsafe { ffi::glt_driver_calls_hold_cupti_as_profiler(1, &mut why) };
+        reason(why).map(|()| ProfilerStandIn(()))
+    }
+}
+
+impl Drop for ProfilerStandIn {
+    fn drop(&mut self) {
+        let mut why = std::ptr::null_mut();
+        // SAFETY: as in hold_cupti; releasing cannot fail in a way that matters.
+        unsafe { ffi::glt_driver_calls_hold_cupti_as_profiler(0, &mut why) };
+        let _ = ffi::take_string(why);
+    }
+}
