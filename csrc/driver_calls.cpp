@@ -60,30 +60,39 @@ struct CodeRange {
   bool contains(uintptr_t address) const { return address >= start && address < end; }
 };
 
-CodeRange code_of(const char* library) {
+// The span of an object's executable segments.
+CodeRange executable_range(const struct dl_phdr_info* object) {
+  CodeRange range{UINTPTR_MAX, 0};
+  for (int i = 0; i < object->dlpi_phnum; ++i) {
+    const auto& segment = object->dlpi_phdr[i];
+    if (segment.p_type == PT_LOAD && (segment.p_flags & PF_X) != 0) {
+      uintptr_t from = object->dlpi_addr + segment.p_vaddr;
+      range.start = from < range.start ? from : range.start;
+      range.end = from + segment.p_memsz > range.end ? from + segment.p_memsz : range.end;
+    }
+  }
+  return range.end != 0 ? range : CodeRange{};
+}
+
+// The code of the loaded library whose path contains `library`, or of the
+// object holding `address` (library == nullptr).
+CodeRange code_of(const char* library, uintptr_t address = 0) {
   struct Search {
     const char* library;
+    uintptr_t address;
     CodeRange range;
-  } search{library, {}};
+  } search{library, address, {}};
   dl_iterate_phdr(
-      [](struct dl_phdr_info* info, size_t, void* data) -> int {
+      [](struct dl_phdr_info* object, size_t, void* data) -> int {
         auto* search = static_cast<Search*>(data);
-        if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, search->library) == nullptr) {
-          return 0;
+        bool named = search->library != nullptr && object->dlpi_name != nullptr &&
+                     std::strstr(object->dlpi_name, search->library) != nullptr;
+        CodeRange range = executable_range(object);
+        if (named || (search->library == nullptr && range.contains(search->address))) {
+          search->range = range;
+          return 1;
         }
-        uintptr_t start = UINTPTR_MAX, end = 0;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto& segment = info->dlpi_phdr[i];
-          if (segment.p_type == PT_LOAD && (segment.p_flags & PF_X) != 0) {
-            uintptr_t from = info->dlpi_addr + segment.p_vaddr;
-            start = from < start ? from : start;
-            end = from + segment.p_memsz > end ? from + segment.p_memsz : end;
-          }
-        }
-        if (end != 0) {
-          search->range = {start, end};
-        }
-        return 1;
+        return 0;
       },
       &search);
   return search.range;
@@ -96,15 +105,28 @@ CodeRange torch_cuda_code;      // libtorch_cuda.so
 // one did: the frames are walked up to the first one in its code.
 enum class Caller { Outside, CudaAllocator, HostAllocator };
 
+// This library's own code (the test binary's), where the canary's driver
+// call is made: the canary's walk must get back to it through the driver's
+// and CUPTI's frames, or no caller can be told apart (see the canary).
+CodeRange own_code;
+thread_local bool walking_canary = false;
+thread_local bool canary_walk_came_back = false;
+
 struct Walk {
   bool pinned;
   int frames;
+  bool left_own_code;
   Caller caller;
 };
 
 _Unwind_Reason_Code step(struct _Unwind_Context* context, void* data) {
   auto* walk = static_cast<Walk*>(data);
   uintptr_t ip = _Unwind_GetIP(context);
+  if (walking_canary) {
+    bool own = own_code.contains(ip);
+    canary_walk_came_back = canary_walk_came_back || (own && walk->left_own_code);
+    walk->left_own_code = walk->left_own_code || !own;
+  }
   if (cuda_allocator_code.contains(ip)) {
     walk->caller = Caller::CudaAllocator;
     return _URC_END_OF_STACK;
@@ -119,7 +141,7 @@ _Unwind_Reason_Code step(struct _Unwind_Context* context, void* data) {
 }
 
 Caller caller_of_this_call(bool pinned) {
-  Walk walk{pinned, 0, Caller::Outside};
+  Walk walk{pinned, 0, false, Caller::Outside};
   _Unwind_Backtrace(step, &walk);
   return walk.caller;
 }
@@ -447,6 +469,7 @@ void glt_driver_calls_start(char** why) {
   }
   cuda_allocator_code = code_of("libc10_cuda.so");
   torch_cuda_code = code_of("libtorch_cuda.so");
+  own_code = code_of(nullptr, reinterpret_cast<uintptr_t>(&caller_of_this_call));
   CUptiResult result = cupti.subscribe(&subscriber, on_driver_call, nullptr);
   if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
     *why = copy_string(
@@ -540,9 +563,13 @@ void glt_driver_calls_hold_cupti_as_profiler(int hold, char** why) {
 // A canary: allocates `bytes` through the driver from here, outside
 // libtorch's allocators, on cuda:device (pinned host memory in its context
 // where `pinned`), and frees it; the allocation is reported as any other
-// would be in between. *why is set where a driver call failed.
-void glt_driver_calls_canary(int device, int64_t bytes, int pinned, char** why) {
+// would be in between. *why is set where a driver call failed. *walked is
+// 1 where the caller's stack could be walked from CUPTI's callback back to
+// this call through the driver's frames: without that, libtorch's own
+// driver calls cannot be told from others.
+void glt_driver_calls_canary(int device, int64_t bytes, int pinned, int* walked, char** why) {
   *why = nullptr;
+  *walked = 0;
 #ifdef GLT_CUDA_TRACE
   Driver driver;
   std::string reason;
@@ -550,6 +577,8 @@ void glt_driver_calls_canary(int device, int64_t bytes, int pinned, char** why) 
     *why = copy_string(reason);
     return;
   }
+  walking_canary = true;
+  canary_walk_came_back = false;
   CUresult result = in_context(driver, device, [&] {
     if (pinned != 0) {
       void* block = nullptr;
@@ -560,6 +589,8 @@ void glt_driver_calls_canary(int device, int64_t bytes, int pinned, char** why) 
     CUresult made = driver.alloc(&block, static_cast<size_t>(bytes));
     return made == CUDA_SUCCESS ? driver.free(block) : made;
   });
+  walking_canary = false;
+  *walked = canary_walk_came_back ? 1 : 0;
   if (result != CUDA_SUCCESS) {
     *why = copy_string("the canary's driver allocation failed with CUresult " + std::to_string(result));
   }

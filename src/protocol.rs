@@ -217,8 +217,10 @@ fn followed_layers(body: Device) -> Vec<Layer> {
     }
     // What the body's CUDA device gets from the driver outside libtorch,
     // and pinned host memory likewise (a CPU body has neither in a process
-    // without CUDA, so it follows them on no runner).
-    if body.is_cuda() {
+    // without CUDA, so it follows them on no runner). Where the variable
+    // that turns them on is not a boolean, they are followed, and their
+    // proof says why they cannot be counted.
+    if body.is_cuda() && crate::probe::driver::enabled().unwrap_or(true) {
         layers.extend([Layer::OutsideLibtorch(body), Layer::OutsideLibtorch(Device::Cpu)]);
     }
     layers

@@ -89,6 +89,7 @@ fn blind_driver_calls_and_a_second_cupti_subscriber_fail_as_cannot_measure() {
         return;
     };
     let _switches = one_at_a_time();
+    gpu_leak_test::internals::probe::driver::turn_on();
     let outside = Layer::OutsideLibtorch(Device::Cuda(index));
     let run = |name: &str, scope: &str| {
         LeakTest::new(name)

@@ -77,6 +77,13 @@ impl Driver {
     }
 }
 
+/// The CUDA device to test on, with the driver's calls counted (off by
+/// default until verified on a GPU runner), or `None` after a skip line.
+fn cuda_with_driver_calls(test: &str) -> Option<usize> {
+    gpu_leak_test::internals::probe::driver::turn_on();
+    cuda_device_or_skip(test)
+}
+
 fn assert_leak_at(report: &Report, layer: Layer, line: &str) {
     assert!(matches!(report.verdict, Verdict::Leak(_)), "expected a leak:\n{report}");
     assert_eq!(report.verdict_layer, layer, "{report}");
@@ -87,7 +94,7 @@ fn assert_leak_at(report: &Report, layer: Layer, line: &str) {
 
 #[test]
 fn raw_driver_allocations_kept_each_iteration_fail_naming_the_call() {
-    let Some(index) = cuda_device_or_skip("raw_driver_allocations_kept_each_iteration_fail_naming_the_call") else {
+    let Some(index) = cuda_with_driver_calls("raw_driver_allocations_kept_each_iteration_fail_naming_the_call") else {
         return;
     };
     let driver = Driver::load();
@@ -120,7 +127,7 @@ fn raw_driver_allocations_kept_each_iteration_fail_naming_the_call() {
 
 #[test]
 fn raw_driver_allocations_freed_each_iteration_pass() {
-    let Some(index) = cuda_device_or_skip("raw_driver_allocations_freed_each_iteration_pass") else { return };
+    let Some(index) = cuda_with_driver_calls("raw_driver_allocations_freed_each_iteration_pass") else { return };
     let driver = Driver::load();
     for scope in SCOPES {
         let report = common::located("raw_driver_allocations_freed")
@@ -145,7 +152,7 @@ fn raw_driver_allocations_freed_each_iteration_pass() {
 
 #[test]
 fn raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch() {
-    let Some(index) = cuda_device_or_skip("raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch") else {
+    let Some(index) = cuda_with_driver_calls("raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch") else {
         return;
     };
     let driver = Driver::load();
@@ -171,7 +178,7 @@ fn raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch() {
 
 #[test]
 fn kept_pinned_copies_fail_naming_their_line() {
-    let Some(index) = cuda_device_or_skip("kept_pinned_copies_fail_naming_their_line") else { return };
+    let Some(index) = cuda_with_driver_calls("kept_pinned_copies_fail_naming_their_line") else { return };
     let device = Device::Cuda(index);
     for scope in SCOPES {
         let mark = LineMark::default();
@@ -192,7 +199,7 @@ fn kept_pinned_copies_fail_naming_their_line() {
 
 #[test]
 fn a_reused_pinned_staging_buffer_passes() {
-    let Some(index) = cuda_device_or_skip("a_reused_pinned_staging_buffer_passes") else { return };
+    let Some(index) = cuda_with_driver_calls("a_reused_pinned_staging_buffer_passes") else { return };
     let device = Device::Cuda(index);
     for scope in SCOPES {
         let report = common::located("reused_pinned_staging")

@@ -14,6 +14,21 @@ use crate::error::{Error, Result};
 /// instead of skipping, so a misconfigured runner cannot pass the gate.
 pub const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
 
+/// Set to 1 to count what is allocated through the CUDA driver (CUPTI's
+/// callbacks): memory outside libtorch's allocators becomes a judged layer,
+/// and CUDA tensors are counted from libtorch's own driver calls where its
+/// allocator reports nothing else (caching off, `cudaMallocAsync` on the
+/// hook). Off until it has been verified on a GPU runner.
+pub const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
+
+/// Whether `GPU_LEAK_TEST_DRIVER_CALLS` asks for the driver's calls.
+pub fn driver_calls_enabled() -> Result<bool> {
+    match env_var(DRIVER_CALLS_VAR)? {
+        Some(value) => parse_bool(DRIVER_CALLS_VAR, &value),
+        None => Ok(false),
+    }
+}
+
 /// A file each leak test appends one JSON line to: its wall time and where
 /// it went (body, waiting, prewarm and CUDA's start-up in it, sampling,
 /// attribution, report writing).

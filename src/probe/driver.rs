@@ -14,6 +14,25 @@ use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+static TURNED_ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether the driver's calls are counted: `GPU_LEAK_TEST_DRIVER_CALLS`
+/// (off until verified on a GPU runner), or [`turn_on`]. `Err` where the
+/// variable is not a boolean.
+pub(crate) fn enabled() -> crate::error::Result<bool> {
+    if TURNED_ON.load(Ordering::Relaxed) {
+        return Ok(true);
+    }
+    crate::config::driver_calls_enabled()
+}
+
+/// Counts the driver's calls in this process from now on, as
+/// `GPU_LEAK_TEST_DRIVER_CALLS=1` does: for this crate's tests of the
+/// layer, which need no variable set by hand. Not for users.
+#[doc(hidden)]
+pub fn turn_on() {
+    TURNED_ON.store(true, Ordering::Relaxed);
+}
 
 fn reason(why: *mut c_char) -> Result<(), String> {
     ffi::take_string(why).map_or(Ok(()), Err)
@@ -37,12 +56,15 @@ pub(crate) fn stop() {
 
 /// Allocates `bytes` through the driver on `cuda:index` from outside
 /// libtorch (pinned host memory where `pinned`) and frees it again: the
-/// canary that proves the layer is counted. `Err` where the driver failed.
-pub(crate) fn canary(index: usize, bytes: i64, pinned: bool) -> Result<(), String> {
-    let mut why = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; the shim hands over the string.
-    unsafe { ffi::glt_driver_calls_canary(index as c_int, bytes, pinned as c_int, &mut why) };
-    reason(why)
+/// canary that proves the layer is counted. `Ok(walked)`: whether the
+/// caller's stack could be walked from CUPTI's callback back through the
+/// driver's frames, which telling libtorch's calls from others needs.
+/// `Err` where the driver failed.
+pub(crate) fn canary(index: usize, bytes: i64, pinned: bool) -> Result<bool, String> {
+    let (mut walked, mut why) = (0, std::ptr::null_mut());
+    // SAFETY: valid out-pointers; the shim hands over the string.
+    unsafe { ffi::glt_driver_calls_canary(index as c_int, bytes, pinned as c_int, &mut walked, &mut why) };
+    reason(why).map(|()| walked == 1)
 }
 
 /// Counts what libtorch's CUDA allocator asks the driver for, as that

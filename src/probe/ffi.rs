@@ -61,7 +61,7 @@ extern "C" {
     pub(crate) fn glt_driver_calls_switch_off(off: c_int);
     pub(crate) fn glt_driver_calls_count_cuda_allocator(on: c_int);
     pub(crate) fn glt_driver_calls_hold_cupti_as_profiler(hold: c_int, why: *mut *mut c_char);
-    pub(crate) fn glt_driver_calls_canary(device: c_int, bytes: i64, pinned: c_int, why: *mut *mut c_char);
+    pub(crate) fn glt_driver_calls_canary(device: c_int, bytes: i64, pinned: c_int, walked: *mut c_int, why: *mut *mut c_char);
 }
 
 /// Takes ownership of a string the shim allocated (null is fine).

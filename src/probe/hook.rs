@@ -593,3 +593,46 @@ impl Drop for HookGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reported_device_type_lands_in_the_slot_of_its_layer() {
+        let cases = [
+            ((DEVICE_TYPE_CPU, -1), Layer::Tensors(Device::Cpu)),
+            ((DEVICE_TYPE_CUDA, 3), Layer::Tensors(Device::Cuda(3))),
+            ((DEVICE_TYPE_HOST_OBJECTS, -1), Layer::HostObjects),
+            ((DEVICE_TYPE_OUTSIDE_LIBTORCH, 2), Layer::OutsideLibtorch(Device::Cuda(2))),
+            ((DEVICE_TYPE_OUTSIDE_LIBTORCH, -1), Layer::OutsideLibtorch(Device::Cpu)),
+        ];
+        for ((device_type, index), layer) in cases {
+            let slot = slot_of_raw(device_type, index);
+            assert_eq!(layer_of_slot(slot), layer, "{device_type}/{index}");
+            assert_eq!(slot_of_layer(layer), slot, "{layer}");
+        }
+        // Counted apart from the layer they belong to, so each source reads
+        // only its own events.
+        let calls = slot_of_raw(DEVICE_TYPE_CUDA_ALLOCATOR_CALLS, 1);
+        assert_eq!(layer_of_slot(calls), Layer::Tensors(Device::Cuda(1)));
+        assert_ne!(calls, slot_of_layer(Layer::Tensors(Device::Cuda(1))));
+        let pinned = slot_of_raw(DEVICE_TYPE_PINNED_BY_LIBTORCH, -1);
+        assert_eq!(layer_of_slot(pinned), Layer::Tensors(Device::Cpu));
+        assert_ne!(pinned, 0);
+        assert!((0..SLOTS).all(|slot| slot_of_layer(layer_of_slot(slot)) == slot || frees_broadcast(slot)));
+    }
+
+    #[test]
+    fn a_free_of_an_unknown_driver_block_is_no_foreign_free() {
+        let tracker = Tracker::new();
+        tracker.state.on_event(0x1000, 4096, DEVICE_TYPE_OUTSIDE_LIBTORCH, 0);
+        tracker.state.on_event(0x9000, -4096, DEVICE_TYPE_OUTSIDE_LIBTORCH, 0);
+        assert_eq!(tracker.foreign_frees(), 0);
+        assert_eq!(tracker.layer_view(Layer::OutsideLibtorch(Device::Cuda(0))).live_bytes, 4096);
+        tracker.state.on_event(0x1000, -4096, DEVICE_TYPE_OUTSIDE_LIBTORCH, 0);
+        let view = tracker.layer_view(Layer::OutsideLibtorch(Device::Cuda(0)));
+        assert_eq!((view.live_bytes, view.peak_bytes, view.allocations, view.frees), (0, 4096, 1, 1));
+        assert_eq!(tracker.view(Device::Cuda(0)).allocations, 0, "tensors are counted apart");
+    }
+}

@@ -116,8 +116,14 @@ fn attach_cuda_trace() -> std::result::Result<(), String> {
     }
 }
 
-/// Subscribes to the driver's allocation calls where CUDA is loaded.
+/// Subscribes to the driver's allocation calls where CUDA is loaded and
+/// `GPU_LEAK_TEST_DRIVER_CALLS` asks for them.
 fn start_driver_calls() -> std::result::Result<(), String> {
+    match super::driver::enabled() {
+        Ok(true) => {}
+        Ok(false) => return Err(format!("{} is not set", crate::config::DRIVER_CALLS_VAR)),
+        Err(e) => return Err(e.to_string()),
+    }
     if !super::cuda::is_loaded() {
         return Err("CUDA is not loaded in this process".into());
     }

@@ -23,7 +23,13 @@
 //!   caching allocator's trace tracker where it attaches (the native and
 //!   `expandable_segments` backends), else the allocator's own device
 //!   statistics (`backend:cudaMallocAsync`: exact bytes for the whole
-//!   process, but no per-allocation events, so no sites).
+//!   process, but no per-allocation events, so no sites);
+//! - with `GPU_LEAK_TEST_DRIVER_CALLS=1`, CUPTI's callbacks on the CUDA
+//!   driver's allocation calls (see `driver.rs`): memory outside libtorch's
+//!   allocators, proved by a raw driver canary; and, where a CUDA tensor
+//!   canary is missed, what libtorch's CUDA allocator asks the driver for
+//!   (caching switched off, `cudaMallocAsync` on the hook), tried before
+//!   the device is called blind.
 use super::hook::Tracker;
 use super::{cuda, process::Coverage};
 use crate::layer::Layer;
@@ -207,14 +213,18 @@ pub(crate) fn prove(
     coverage: &Coverage,
 ) -> Result<Proved, String> {
     let first = prove_one(source, layer, body, tracker, coverage);
-    let mut tried = source;
+    let mut tried = vec![source];
     let mut outcome = first.clone();
-    while let (Err(_), Some(next)) = (&outcome, fall_back(tried, layer, process_scope, coverage)) {
-        tried = next;
+    while outcome.is_err() {
+        let last = *tried.last().expect("one source tried");
+        let Some(next) = fall_back(last, layer, process_scope, coverage).filter(|next| !tried.contains(next)) else {
+            break;
+        };
+        tried.push(next);
         outcome = prove_one(next, layer, body, tracker, coverage);
     }
     match outcome {
-        Ok(added) => Ok(Proved { source: tried, added }),
+        Ok(added) => Ok(Proved { source: *tried.last().expect("one source tried"), added }),
         Err(_) => first.map(|added| Proved { source, added }),
     }
 }
@@ -290,7 +300,7 @@ fn prove_driver_calls(
 ) -> Result<i64, String> {
     let what = if on == Device::Cpu { "pinned host" } else { "device" };
     let blind = |why: &str| {
-        format!("before the body ran, a {CANARY_BYTES} B {what} canary allocated through the CUDA driver could not be seen by {}: {why}", source.name())
+        format!("before the body ran, a {CANARY_BYTES} B {what} canary allocated through the CUDA driver was not counted by {}: {why}", source.name())
     };
     if let Err(why) = &coverage.driver {
         return Err(blind(why));
@@ -302,8 +312,15 @@ fn prove_driver_calls(
     for _ in 0..3 {
         reset_peak(source, layer, tracker);
         let before = tracker.layer_view(layer);
-        super::driver::canary(index, CANARY_BYTES, on == Device::Cpu).map_err(|why| blind(&why))?;
+        let walked = super::driver::canary(index, CANARY_BYTES, on == Device::Cpu).map_err(|why| blind(&why))?;
         let after = tracker.layer_view(layer);
+        if !walked && after.allocations > before.allocations {
+            return Err(blind(
+                "CUPTI reported the call, but the caller's stack could not be walked back through the CUDA \
+                 driver's frames from its callback, so libtorch's own driver calls (its allocators' segments) \
+                 cannot be told from others here",
+            ));
+        }
         let seen = after.allocations > before.allocations
             && after.frees > before.frees
             && after.peak_bytes - before.live_bytes >= CANARY_BYTES;
@@ -444,4 +461,36 @@ fn is_switched_off(device: Device) -> bool {
 pub(crate) fn slot_switched_off(slot: usize) -> bool {
     let mask = SWITCHED_OFF.load(Ordering::Relaxed);
     mask != 0 && slot < 32 && mask & (1 << slot) != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coverage(driver: bool) -> Coverage {
+        Coverage { cpu: true, cuda: Ok(()), driver: if driver { Ok(()) } else { Err("not set".into()) } }
+    }
+
+    #[test]
+    fn a_blind_cuda_source_falls_back_to_the_allocators_driver_calls_then_to_its_statistics() {
+        let cuda = Layer::Tensors(Device::Cuda(0));
+        let counted = coverage(true);
+        assert_eq!(fall_back(Source::Hook, cuda, false, &counted), Some(Source::CudaAllocatorCalls));
+        assert_eq!(fall_back(Source::CudaTrace, cuda, true, &counted), Some(Source::CudaAllocatorCalls));
+        assert_eq!(fall_back(Source::CudaAllocatorCalls, cuda, true, &counted), Some(Source::CudaStatistics));
+        // The hook's threads have no statistics of their own, and nothing
+        // else falls back: the first source's reason stands.
+        assert_eq!(fall_back(Source::CudaAllocatorCalls, cuda, false, &counted), None);
+        assert_eq!(fall_back(Source::Hook, Layer::Tensors(Device::Cpu), false, &counted), None);
+        assert_eq!(fall_back(Source::DriverCalls, Layer::OutsideLibtorch(Device::Cuda(0)), true, &counted), None);
+        assert_eq!(fall_back(Source::Hook, cuda, false, &coverage(false)), None);
+    }
+
+    #[test]
+    fn memory_outside_libtorch_is_counted_by_cuptis_callbacks_in_process_scope_and_the_hook_in_thread_scope() {
+        let outside = Layer::OutsideLibtorch(Device::Cuda(1));
+        assert_eq!(choose(outside, true, &coverage(true)), Source::DriverCalls);
+        assert_eq!(choose(outside, false, &coverage(true)), Source::Hook);
+        assert!(Source::DriverCalls.attributable() && Source::CudaAllocatorCalls.attributable());
+    }
 }
