@@ -23,8 +23,8 @@ impl FromStr for DeviceChoice {
     type Err = String;
 
     fn from_str(text: &str) -> std::result::Result<Self, String> {
-        use crate::config::values::DeviceValue;
-        Ok(match crate::config::values::device(text)? {
+        use gpu_leak_test_options::rules::DeviceValue;
+        Ok(match gpu_leak_test_options::rules::parse_device(text)? {
             DeviceValue::Auto => DeviceChoice::Auto,
             DeviceValue::Cpu => DeviceChoice::Cpu,
             DeviceValue::Cuda(index) => DeviceChoice::Cuda(index),

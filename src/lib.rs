@@ -43,8 +43,19 @@ pub mod internals {
 }
 use internals::{attribution, device, probe};
 
-/// What `#[derive(TensorRefs)]` expands into. Not a public API.
+/// What `#[gpu_leak_test]` and `#[derive(TensorRefs)]` expand into. Not a
+/// public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::refs::with_suffix;
+
+    /// A text value of the attribute as its option's field type takes it.
+    /// The attribute checked the text with the same rule at compile time,
+    /// so parsing cannot fail here.
+    pub fn checked_text<T: std::str::FromStr>(text: &str) -> T
+    where
+        T::Err: std::fmt::Debug,
+    {
+        text.parse().expect("#[gpu_leak_test] checked this value at compile time")
+    }
 }

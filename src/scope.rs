@@ -36,8 +36,8 @@ impl FromStr for Scope {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        use crate::config::values::ScopeValue;
-        Ok(match crate::config::values::scope(text)? {
+        use gpu_leak_test_options::rules::ScopeValue;
+        Ok(match gpu_leak_test_options::rules::parse_scope(text)? {
             ScopeValue::Auto => Scope::Auto,
             ScopeValue::Thread => Scope::Thread,
             ScopeValue::Process => Scope::Process,

@@ -16,7 +16,9 @@ fn keeps() {
         )
         .options(::gpu_leak_test::Options {
             threshold_mb: ::core::option::Option::Some(1f64),
-            device: ::core::option::Option::Some(::std::string::String::from("cpu")),
+            device: ::core::option::Option::Some(
+                ::gpu_leak_test::__private::checked_text("cpu"),
+            ),
             ..::core::default::Default::default()
         })
         .check(|__gpu_leak_test_device| __gpu_leak_test_keeps(__gpu_leak_test_device))

@@ -18,7 +18,9 @@ fn training(steps: usize) {
         )
         .options(::gpu_leak_test::Options {
             iterations: ::core::option::Option::Some(8u32),
-            scope: ::core::option::Option::Some(::std::string::String::from("process")),
+            scope: ::core::option::Option::Some(
+                ::gpu_leak_test::__private::checked_text("process"),
+            ),
             ..::core::default::Default::default()
         })
         .check_with_setup(move |__gpu_leak_test_device| __gpu_leak_test_training(

@@ -1,33 +1,23 @@
 //! Code generation: the test function becomes an inner function and one
 //! chain of public builder calls, the same a hand-written test makes.
-use crate::validate::{Form, Options, TestFn};
+use crate::validate::{Form, Options, TestFn, Value};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 
-fn some<T: ToTokens>(value: &Option<T>) -> Option<TokenStream> {
-    value.as_ref().map(|v| quote!(::core::option::Option::Some(#v)))
-}
-
 /// `.options(Options { key: Some(value), ..Default::default() })` with the
-/// keys given; nothing where none is.
+/// keys given; nothing where none is. Text values are parsed by the
+/// field's own type, after the same rule accepted them here.
 fn options_call(options: &Options, krate: &syn::Path) -> TokenStream {
-    let string = |v: &Option<String>| v.as_ref().map(|s| quote!(::core::option::Option::Some(::std::string::String::from(#s))));
-    let fields: Vec<TokenStream> = [
-        ("threshold_mb", some(&options.threshold_mb)),
-        ("iterations", some(&options.iterations)),
-        ("warmup", some(&options.warmup)),
-        ("device", string(&options.device)),
-        ("scope", string(&options.scope)),
-        ("peak_mb", some(&options.peak_mb)),
-        ("attribution_iterations", some(&options.attribution_iterations)),
-    ]
-    .into_iter()
-    .filter_map(|(key, value)| {
+    let fields = options.values.iter().map(|(key, value)| {
         let key = format_ident!("{key}");
-        value.map(|value| quote!(#key: #value,))
-    })
-    .collect();
-    if fields.is_empty() {
+        let value = match value {
+            Value::Mib(mib) => quote!(#mib),
+            Value::Whole(count) => quote!(#count),
+            Value::Text(text) => quote!(#krate::__private::checked_text(#text)),
+        };
+        quote!(#key: ::core::option::Option::Some(#value),)
+    });
+    if options.values.is_empty() {
         return quote!();
     }
     quote!(.options(#krate::Options { #(#fields)* ..::core::default::Default::default() }))

@@ -1,6 +1,7 @@
 //! The `#[gpu_leak_test]` attribute and `#[derive(TensorRefs)]`. They stay
 //! thin: [`parse`] reads the attribute's syntax, [`validate`] checks values
-//! and the function (with the rules the runtime uses, from `values.rs`), and
+//! and the function (with the rules the runtime uses, from the one table of
+//! options in `gpu_leak_test_options`), and
 //! [`expand`] writes the builder calls a hand-written test would make.
 extern crate proc_macro;
 
@@ -8,7 +9,6 @@ mod expand;
 mod parse;
 mod refs;
 mod validate;
-mod values;
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;

@@ -1,23 +1,25 @@
 //! What the attribute's values and the test function must be, checked at
-//! compile time with spanned errors. Value rules come from `values.rs`, the
-//! file the runtime checks the environment and the config file with.
+//! compile time with spanned errors. Each key's kind and rule come from the
+//! one table of options (`gpu_leak_test_options`), whose rules the runtime
+//! checks the environment and the config file with.
 use crate::parse::RawOption;
-use crate::values;
-use proc_macro2::Span;
+use gpu_leak_test_options::AttributeValue;
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, ExprUnary, FnArg, ItemFn, Lit, Pat, PatType, ReturnType, Type, UnOp};
 
-/// The attribute's options, checked.
+/// One checked value, typed as the runtime's field takes it.
+pub(crate) enum Value {
+    Mib(f64),
+    Whole(u32),
+    /// Parsed by the field's type (`FromStr`) in the expansion.
+    Text(String),
+}
+
+/// The attribute's options, checked, in the order written.
 #[derive(Default)]
 pub(crate) struct Options {
-    pub(crate) threshold_mb: Option<f64>,
-    pub(crate) iterations: Option<u32>,
-    pub(crate) warmup: Option<u32>,
-    pub(crate) device: Option<String>,
-    pub(crate) scope: Option<String>,
-    pub(crate) peak_mb: Option<f64>,
-    pub(crate) attribution_iterations: Option<u32>,
+    pub(crate) values: Vec<(String, Value)>,
     pub(crate) krate: Option<syn::Path>,
 }
 
@@ -31,7 +33,7 @@ fn literal(expr: &Expr) -> Option<&Lit> {
 
 /// A number of MiB: a float or integer literal, possibly negated (so the
 /// range check, not the syntax check, answers `-1.0`).
-fn mib(option: &RawOption, check: fn(f64) -> Result<(), String>) -> syn::Result<f64> {
+fn mib(option: &RawOption, check: fn(&f64) -> Result<(), String>) -> syn::Result<f64> {
     let (negative, expr) = match &option.value {
         Expr::Unary(ExprUnary { op: UnOp::Neg(_), expr, .. }) => (true, &**expr),
         other => (false, other),
@@ -45,18 +47,20 @@ fn mib(option: &RawOption, check: fn(f64) -> Result<(), String>) -> syn::Result<
         }
     };
     let value = if negative { -magnitude } else { magnitude };
-    check(value).map_err(|why| syn::Error::new(option.value.span(), format!("`{}`: {why}", option.key)))?;
+    check(&value).map_err(|why| syn::Error::new(option.value.span(), format!("`{}`: {why}", option.key)))?;
     Ok(value)
 }
 
-fn whole(option: &RawOption) -> syn::Result<u32> {
+fn whole(option: &RawOption, check: fn(&u32) -> Result<(), String>) -> syn::Result<u32> {
     let key = &option.key;
-    match literal(&option.value) {
+    let value = match literal(&option.value) {
         Some(Lit::Int(i)) => i.base10_parse::<u32>().map_err(|_| {
             syn::Error::new(option.value.span(), format!("`{key}` expects a whole number up to {}", u32::MAX))
-        }),
-        _ => Err(syn::Error::new(option.value.span(), format!("`{key}` expects a whole number, like `{key} = 5`"))),
-    }
+        })?,
+        _ => return Err(syn::Error::new(option.value.span(), format!("`{key}` expects a whole number, like `{key} = 5`"))),
+    };
+    check(&value).map_err(|why| syn::Error::new(option.value.span(), format!("`{key}` {why}")))?;
+    Ok(value)
 }
 
 fn text(option: &RawOption, check: fn(&str) -> Result<(), String>, expected: &str) -> syn::Result<String> {
@@ -70,32 +74,21 @@ fn text(option: &RawOption, check: fn(&str) -> Result<(), String>, expected: &st
 pub(crate) fn options(raw: &[RawOption]) -> syn::Result<Options> {
     let mut options = Options::default();
     for option in raw {
-        match option.key.as_str() {
-            "threshold_mb" => options.threshold_mb = Some(mib(option, values::threshold_mb)?),
-            "peak_mb" => options.peak_mb = Some(mib(option, values::peak_mb)?),
-            "iterations" => {
-                let value = whole(option)?;
-                values::iterations(value).map_err(|why| syn::Error::new(option.value.span(), format!("`iterations` {why}")))?;
-                options.iterations = Some(value);
-            }
-            "warmup" => options.warmup = Some(whole(option)?),
-            "attribution_iterations" => options.attribution_iterations = Some(whole(option)?),
-            "device" => {
-                let check = |t: &str| values::device(t).map(drop);
-                options.device = Some(text(option, check, "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")?);
-            }
-            "scope" => {
-                let check = |t: &str| values::scope(t).map(drop);
-                options.scope = Some(text(option, check, "\"auto\", \"thread\" or \"process\"")?);
-            }
-            "crate" => {
-                let path = syn::parse2::<syn::Path>(option.value.to_token_stream())
-                    .map_err(|_| syn::Error::new(option.value.span(), "`crate` expects a path, like `crate = my_alias`"))?;
-                options.krate = Some(path);
-            }
-            other => unreachable!("parse::options lets only known names through, not {other}"),
+        if option.key == "crate" {
+            let path = syn::parse2::<syn::Path>(option.value.to_token_stream())
+                .map_err(|_| syn::Error::new(option.value.span(), "`crate` expects a path, like `crate = my_alias`"))?;
+            options.krate = Some(path);
+            continue;
         }
-        let _: Span = option.key_span;
+        let spec = gpu_leak_test_options::option(&option.key)
+            .unwrap_or_else(|| unreachable!("parse::options lets only known names through, not {}", option.key));
+        let value = match spec.value {
+            AttributeValue::Mib(check) => Value::Mib(mib(option, check)?),
+            AttributeValue::Whole(check) => Value::Whole(whole(option, check)?),
+            AttributeValue::Text(check, expected) => Value::Text(text(option, check, expected)?),
+            AttributeValue::SuiteOnly => unreachable!("parse::options refuses suite-wide options"),
+        };
+        options.values.push((option.key.clone(), value));
     }
     Ok(options)
 }

@@ -7,7 +7,6 @@ mod options;
 pub(crate) use file::{glob_match, ConfigFile, FileLayer};
 pub use file::{Plots, Suppression, CONFIG_FILE_NAME};
 pub use options::Options;
-pub(crate) use options::values;
 use crate::error::{Error, Result};
 
 /// Set to 1 on GPU runners: a test that finds no CUDA device then fails

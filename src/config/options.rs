@@ -1,7 +1,8 @@
-//! The one table of options. The attribute, the environment, the config
-//! file's layers and the builder all fill [`Options`]; its fields are the only
-//! list of option names, and the environment variables and the layer merge
-//! are generated from the same table.
+//! The options struct, from the one table of options
+//! (`gpu_leak_test_options::for_each_option!`, which the attribute reads
+//! too). The attribute, the environment, the config file's layers and the
+//! builder all fill [`Options`]; the environment variables, the checks and
+//! the layer merge are generated from the same table.
 use super::Plots;
 use crate::error::{Error, Result};
 
@@ -48,38 +49,11 @@ impl OptionValue for Plots {
     }
 }
 
-fn any<T>(_: &T) -> std::result::Result<(), String> {
-    Ok(())
-}
-
-// The rules themselves are shared with the attribute, which checks its
-// literals at compile time.
-#[path = "../../macros/src/values.rs"]
-#[allow(unreachable_pub)] // `pub` for the macro crate, which includes it too.
-pub(crate) mod values;
-
-fn at_least_one(value: &u32) -> std::result::Result<(), String> {
-    values::iterations(*value)
-}
-
-fn non_negative_mib(value: &f64) -> std::result::Result<(), String> {
-    values::threshold_mb(*value)
-}
-
-fn positive_mib(value: &f64) -> std::result::Result<(), String> {
-    values::peak_mb(*value)
-}
-
-fn device(value: &str) -> std::result::Result<(), String> {
-    values::device(value).map(drop)
-}
-
-fn scope(value: &str) -> std::result::Result<(), String> {
-    values::scope(value).map(drop)
-}
-
+/// Builds [`Options`] from the one table (`gpu_leak_test_options`), which
+/// the attribute reads too.
 macro_rules! options {
-    ($( $(#[doc = $doc:literal])* $field:ident: $ty:ty, env $env:literal, check $check:path; )*) => {
+    ($( $(#[doc = $doc:literal])* $field:ident: $ty:ty, env $env:literal, rule $rule:ident,
+        attribute $kind:ident $(($($arg:tt)*))?; )*) => {
         /// Every option of a leak test, `None` where not given. Fill the ones
         /// you set and leave the rest to `..Default::default()`:
         ///
@@ -130,7 +104,7 @@ macro_rules! options {
             pub(crate) fn validate(&self, source: impl Fn(&'static str, &str) -> String) -> Result<()> {
                 $(
                     if let Some(value) = &self.$field {
-                        $check(value).map_err(|message| Error::Config {
+                        gpu_leak_test_options::rules::$rule(value).map_err(|message| Error::Config {
                             source: source(stringify!($field), &OptionValue::text(value)),
                             message,
                         })?;
@@ -142,29 +116,7 @@ macro_rules! options {
     };
 }
 
-options! {
-    /// Retained growth over the measured iterations that still passes, in
-    /// MiB (2^20 bytes). Default 0: exact accounting has no noise to absorb.
-    threshold_mb: f64, env "GPU_LEAK_TEST_THRESHOLD_MB", check non_negative_mib;
-    /// Measured iterations (default 5).
-    iterations: u32, env "GPU_LEAK_TEST_ITERATIONS", check at_least_one;
-    /// Warm-up iterations (default 2).
-    warmup: u32, env "GPU_LEAK_TEST_WARMUP", check any;
-    /// Where the body runs: `"auto"` (default), `"cpu"`, `"cuda"`, `"cuda:N"`.
-    /// Every device the test touches is judged.
-    device: String, env "GPU_LEAK_TEST_DEVICE", check device;
-    /// Whose allocations count: `"auto"` (default), `"thread"`, `"process"`.
-    scope: String, env "GPU_LEAK_TEST_SCOPE", check scope;
-    /// Budget for the most live bytes at once, in MiB.
-    peak_mb: f64, env "GPU_LEAK_TEST_PEAK_MB", check positive_mib;
-    /// Iterations run with stack capture after a failing verdict (default 3).
-    attribution_iterations: u32, env "GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS", check any;
-    /// Where reports go (default `target/gpu-leak-test`); in the config file,
-    /// relative to its folder.
-    report_dir: String, env "GPU_LEAK_TEST_REPORT_DIR", check any;
-    /// Which tests get an SVG timeline: failing (default), all or none.
-    plots: Plots, env "GPU_LEAK_TEST_PLOTS", check any;
-}
+gpu_leak_test_options::for_each_option!(options);
 
 #[cfg(test)]
 mod tests {

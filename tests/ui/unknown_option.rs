@@ -4,3 +4,6 @@ use gpu_leak_test::gpu_leak_test;
 fn misspelled() {}
 
 fn main() {}
+
+#[gpu_leak_test(plots = "all")]
+fn a_suite_setting() {}
