@@ -29,6 +29,13 @@ fn main() {
         println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-env-changed={CUDA_INCLUDE_VAR}");
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+    // docs.rs builds without libtorch (the `doc-only` feature makes tch
+    // skip it too): documentation needs no shim, and nothing built this way
+    // runs.
+    if env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() || env::var_os("DOCS_RS").is_some() {
+        return;
+    }
     let lib_dir = match env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(dir) => PathBuf::from(dir),
         Err(_) => panic!(

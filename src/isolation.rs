@@ -118,7 +118,16 @@ fn without_libtest_lines(text: &str, name: &str) -> String {
     let ok_line = format!("test {name} ... ");
     let mut kept: Vec<&str> = Vec::new();
     for line in text.lines() {
-        let libtest = line == "running 1 test" || line == "running 0 tests" || line.starts_with(&ok_line) || line.starts_with("test result: ");
+        // With --nocapture the test's first line follows libtest's
+        // `test NAME ... ` on the same line: keep it, from its start.
+        if let Some(rest) = line.strip_prefix(&ok_line) {
+            let status = ["ok", "FAILED", "ignored"].iter().any(|s| rest.starts_with(s));
+            if !status && !rest.is_empty() {
+                kept.push(rest);
+            }
+            continue;
+        }
+        let libtest = line == "running 1 test" || line == "running 0 tests" || line.starts_with("test result: ");
         if !libtest {
             kept.push(line);
         }
@@ -196,6 +205,9 @@ mod tests {
     fn the_relay_drops_libtests_own_lines_and_keeps_the_tests() {
         let text = "\nrunning 1 test\npassed m::t: clean\n  hint: x\ntest m::t ... ok\n\ntest result: ok. 1 passed\n";
         assert_eq!(without_libtest_lines(text, "m::t"), "passed m::t: clean\n  hint: x\n");
+        // The test's first line, printed after libtest's `test NAME ... `.
+        let text = "\nrunning 1 test\ntest m::t ... ::error file=a.rs,line=1::leak\n";
+        assert_eq!(without_libtest_lines(text, "m::t"), "::error file=a.rs,line=1::leak\n");
         assert_eq!(without_libtest_lines("\nrunning 1 test\n", "m::t"), "");
     }
 }

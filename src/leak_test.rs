@@ -285,6 +285,7 @@ impl LeakTest {
         if let (Verdict::BodyError { .. }, Some(error)) = (&report.verdict, first_error) {
             let mut report = report;
             write_files_timed(&mut report, &settings, started);
+            crate::report::ci::show(&report);
             notice(&report.to_string());
             isolation::finish_child(&ChildOutcome::Failed(format!("the test returned an error: {error:?}")));
             return Err(error);
@@ -427,6 +428,7 @@ fn write_files_timed(report: &mut Report, settings: &Settings, started: Started)
 fn conclude(mut report: Report, settings: &Settings, started: Started) {
     write_files_timed(&mut report, settings, started);
     if !report.passed() {
+        crate::report::ci::show(&report);
         isolation::finish_child(&ChildOutcome::Failed(report.to_string()));
         panic!("{report}");
     }

@@ -650,6 +650,7 @@ impl<'a> Run<'a> {
         let mut report = Report {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
+            crate_root: self.test.crate_root().map(|root| root.display().to_string()),
             device: self.device,
             verdict_device: self.layers[chosen].device(),
             verdict_layer: self.layers[chosen],

@@ -1,5 +1,6 @@
 //! The report of one leak test: what was measured, the verdict, and where
 //! retained memory was allocated. Its `Display` is the panic message.
+pub mod ci;
 pub mod files;
 mod format;
 pub mod index;
@@ -216,6 +217,11 @@ pub struct Report {
     pub test: String,
     /// `file:line` of the test function, relative to its crate.
     pub location: Option<String>,
+    /// The crate's folder where the test ran: what `location` and the
+    /// sites' relative paths are relative to (for CI annotations, which
+    /// name paths from the repository's root).
+    #[serde(default)]
+    pub crate_root: Option<String>,
     /// Where the body ran, and whose allocator and driver views are shown.
     #[serde(with = "device_serde")]
     pub device: Device,

@@ -1,0 +1,179 @@
+//! What a CI job shows of a failing leak test, under GitHub Actions: an
+//! annotation on the line that holds the memory (its biggest retained site,
+//! else the test), which the pull request's diff shows on that line, and a
+//! row of the job summary. Printing only: the verdict is decided elsewhere.
+//!
+//! A failing test prints its annotation itself, which reaches the log at
+//! the start of a line under `cargo test`. nextest indents what tests
+//! print, so there the `gpu-leak-test-annotate` step prints them from the
+//! reports after the run. Each test appends its own summary row under
+//! either runner.
+use super::{bytes, Report};
+use crate::verdict::Verdict;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Where the job runs, from GitHub Actions' variables; `None` outside it.
+#[derive(Debug, Clone)]
+pub struct GithubActions {
+    /// The repository's checkout (`GITHUB_WORKSPACE`): annotations name
+    /// paths from here.
+    pub workspace: PathBuf,
+    /// The job summary file (`GITHUB_STEP_SUMMARY`), where set.
+    pub summary: Option<PathBuf>,
+}
+
+impl GithubActions {
+    /// `Some` where `GITHUB_ACTIONS=true`. The workspace defaults to the
+    /// current folder, as the job's steps start there.
+    pub fn from_env() -> Option<GithubActions> {
+        if std::env::var("GITHUB_ACTIONS").ok()?.trim() != "true" {
+            return None;
+        }
+        let workspace = std::env::var_os("GITHUB_WORKSPACE")
+            .filter(|w| !w.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::current_dir().ok())?;
+        let summary = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()).map(PathBuf::from);
+        Some(GithubActions { workspace, summary })
+    }
+}
+
+/// The `file:line` the report points at: its verdict layer's biggest site
+/// where one was named, else the test itself. The path is from
+/// `workspace` where the file is inside it.
+pub fn place(report: &Report, workspace: &Path) -> Option<(String, u32)> {
+    let location = report.top_site().and_then(|site| site.location.clone()).or_else(|| report.location.clone())?;
+    let (file, line) = location.rsplit_once(':')?;
+    let line: u32 = line.parse().ok()?;
+    let absolute = match &report.crate_root {
+        Some(root) if Path::new(file).is_relative() => Path::new(root).join(file),
+        _ => PathBuf::from(file),
+    };
+    let shown = match absolute.strip_prefix(workspace) {
+        Ok(inside) => inside.to_path_buf(),
+        Err(_) => absolute,
+    };
+    Some((shown.to_string_lossy().replace('\\', "/"), line))
+}
+
+/// One line of what failed: the verdict, its bytes per iteration where it
+/// is a leak, and where.
+pub fn headline(report: &Report) -> String {
+    let place = super::text::place(report);
+    match &report.verdict {
+        Verdict::Leak(leak) => {
+            let per_iteration = bytes(leak.bytes_per_iteration.max(0.0).round() as u64);
+            format!("leak: {per_iteration} per iteration on {place}")
+        }
+        other => format!("{} on {place}", other.label()),
+    }
+}
+
+/// The workflow command that annotates the report's line:
+/// `::error file=…,line=…,title=…::…`. `None` for a passing report, or one
+/// whose failure is expected.
+pub fn annotation(report: &Report, workspace: &Path) -> Option<String> {
+    if report.passed() || report.expected_failure {
+        return None;
+    }
+    let place = place(report, workspace)
+        .map(|(file, line)| format!("file={},line={line},", escape_property(&file)))
+        .unwrap_or_default();
+    Some(format!("::error {place}title={}::{}", escape_property(&report.test), escape_data(&headline(report))))
+}
+
+/// The job summary's row for a failing report.
+pub fn summary_row(report: &Report, workspace: &Path) -> String {
+    let verdict = match &report.verdict {
+        Verdict::Leak(leak) => format!("leak, {} per iteration", bytes(leak.bytes_per_iteration.max(0.0).round() as u64)),
+        other => other.label().to_string(),
+    };
+    let site = place(report, workspace).map(|(file, line)| format!("`{file}:{line}`")).unwrap_or_default();
+    let page = report
+        .files
+        .as_ref()
+        .map(|files| format!("[report]({})", files.page.display()))
+        .unwrap_or_default();
+    let cell = |text: &str| text.replace('|', "\\|").replace('\n', " ");
+    format!(
+        "| `{}` | {} | {} | {} | {} |\n",
+        cell(&report.test),
+        cell(&verdict),
+        cell(&super::text::place(report)),
+        cell(&site),
+        page
+    )
+}
+
+const SUMMARY_HEADER: &str =
+    "\n### gpu-leak-test: failing leak tests\n\n| test | verdict | where | site | page |\n| --- | --- | --- | --- | --- |\n";
+
+/// Appends `row` to the job summary, with the table's header where this
+/// file has none yet. Tests append from many processes at once: the file
+/// is locked around the check and the write, so rows never interleave and
+/// the header is written once.
+pub fn append_summary_row(summary: &Path, row: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(summary)?;
+    // SAFETY: flock on a file descriptor this function owns; released when
+    // the file closes.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let has_header = std::fs::read_to_string(summary).is_ok_and(|text| text.contains(SUMMARY_HEADER.trim_start()));
+    let text = if has_header { row.to_string() } else { format!("{SUMMARY_HEADER}{row}") };
+    file.write_all(text.as_bytes())
+}
+
+/// What a failing test shows under GitHub Actions: its annotation, and its
+/// summary row. Nothing outside GitHub Actions, or for a passing report.
+pub(crate) fn show(report: &Report) {
+    let Some(actions) = GithubActions::from_env() else { return };
+    let Some(annotation) = annotation(report, &actions.workspace) else { return };
+    println!("{annotation}");
+    if let Some(summary) = &actions.summary {
+        if let Err(why) = append_summary_row(summary, &summary_row(report, &actions.workspace)) {
+            eprintln!("gpu-leak-test: warning: the job summary {} was not written: {why}", summary.display());
+        }
+    }
+}
+
+/// Workflow commands end their message at a newline, and `%` escapes.
+fn escape_data(text: &str) -> String {
+    text.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+}
+
+/// Properties also end at `,` and `:`.
+fn escape_property(text: &str) -> String {
+    escape_data(text).replace(':', "%3A").replace(',', "%2C")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_escape_what_ends_them_and_messages_keep_one_line() {
+        assert_eq!(escape_property("a::b, c%"), "a%3A%3Ab%2C c%25");
+        assert_eq!(escape_data("line\nnext: 50%"), "line%0Anext: 50%25");
+    }
+
+    #[test]
+    fn summary_rows_append_under_one_header_from_many_threads() {
+        let dir = std::env::temp_dir().join(format!("glt-summary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let summary = dir.join("summary.md");
+        let _ = std::fs::remove_file(&summary);
+        std::thread::scope(|scope| {
+            for i in 0..16 {
+                let summary = &summary;
+                scope.spawn(move || append_summary_row(summary, &format!("| `t{i}` | leak | cpu | | |\n")).unwrap());
+            }
+        });
+        let text = std::fs::read_to_string(&summary).unwrap();
+        assert_eq!(text.matches("| test | verdict |").count(), 1, "{text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with("| `t")).count(), 16, "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
