@@ -63,3 +63,27 @@ fn a_failing_leak_test_annotates_its_line_and_adds_a_summary_row() {
     assert_eq!(printed.trim_end(), expected);
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// The README's GitHub Actions recipe parses, and has the steps the gate
+/// needs: the CPU job's `cargo test`, the archive, the partitioned GPU run
+/// with its annotations and reports, and the merge.
+#[test]
+fn the_readmes_github_actions_recipe_is_valid_yaml_with_every_step() {
+    let readme = std::fs::read_to_string(common::manifest_dir().join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme.split("```yaml\n").skip(1).filter_map(|rest| rest.split("\n```").next()).collect();
+    assert!(!blocks.is_empty(), "no yaml block in the README");
+    let workflow = blocks.iter().find(|b| b.contains("jobs:")).expect("a workflow block");
+    let parsed: serde_yaml::Value = serde_yaml::from_str(workflow).unwrap_or_else(|e| panic!("{e}\n{workflow}"));
+    let jobs = parsed.get("jobs").and_then(|j| j.as_mapping()).expect("jobs");
+    let runs = |job: &str| -> String {
+        let steps = jobs.get(job).and_then(|j| j.get("steps")).and_then(|s| s.as_sequence()).unwrap_or_else(|| panic!("job {job}"));
+        steps.iter().filter_map(|s| s.get("run").and_then(|r| r.as_str())).collect::<Vec<_>>().join("\n")
+    };
+    assert!(runs("cpu").contains("cargo test"));
+    assert!(runs("gpu-archive").contains("cargo nextest archive"));
+    let gpu = runs("gpu");
+    assert!(gpu.contains("--partition hash:${{ matrix.partition }}/3") && gpu.contains("GPU_LEAK_TEST_REQUIRE_CUDA=1"), "{gpu}");
+    assert!(gpu.contains("gpu-leak-test-annotate target/gpu-leak-test"), "{gpu}");
+    assert!(runs("reports").contains("gpu-leak-test-merge merged"));
+    assert!(workflow.contains("target/nextest/ci/junit.xml"));
+}

@@ -31,22 +31,15 @@ impl Driver {
         // SAFETY: dlopen of the driver libtorch already loaded.
         let library = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW) };
         assert!(!library.is_null(), "libcuda.so.1 is not loadable");
-        let find = |symbol: &str| {
-            let symbol = CString::new(symbol).unwrap();
-            // SAFETY: a valid handle and a NUL-terminated name.
-            let found = unsafe { libc::dlsym(library, symbol.as_ptr()) };
-            assert!(!found.is_null(), "the driver lacks {symbol:?}");
-            found
-        };
         // SAFETY: each symbol is the driver function of that C signature.
         unsafe {
             Driver {
-                alloc: std::mem::transmute(find("cuMemAlloc_v2")),
-                free: std::mem::transmute(find("cuMemFree_v2")),
-                alloc_host: std::mem::transmute(find("cuMemAllocHost_v2")),
-                free_host: std::mem::transmute(find("cuMemFreeHost")),
-                retain: std::mem::transmute(find("cuDevicePrimaryCtxRetain")),
-                set_current: std::mem::transmute(find("cuCtxSetCurrent")),
+                alloc: symbol(library, "cuMemAlloc_v2"),
+                free: symbol(library, "cuMemFree_v2"),
+                alloc_host: symbol(library, "cuMemAllocHost_v2"),
+                free_host: symbol(library, "cuMemFreeHost"),
+                retain: symbol(library, "cuDevicePrimaryCtxRetain"),
+                set_current: symbol(library, "cuCtxSetCurrent"),
             }
         }
     }
@@ -82,6 +75,20 @@ impl Driver {
 fn cuda_with_driver_calls(test: &str) -> Option<usize> {
     gpu_leak_test::internals::probe::driver::turn_on();
     cuda_device_or_skip(test)
+}
+
+/// The function `name` of `library`, as the pointer type `F`.
+///
+/// # Safety
+/// `F` must be the function's own type.
+unsafe fn symbol<F: Copy>(library: *mut c_void, name: &str) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    let symbol = CString::new(name).unwrap();
+    // SAFETY: a valid handle and a NUL-terminated name.
+    let found = unsafe { libc::dlsym(library, symbol.as_ptr()) };
+    assert!(!found.is_null(), "the driver lacks {name}");
+    // SAFETY: the caller names the function's type; sizes checked above.
+    unsafe { std::mem::transmute_copy(&found) }
 }
 
 fn assert_leak_at(report: &Report, layer: Layer, line: &str) {

@@ -87,7 +87,7 @@ fn nvidia_driver_present() -> bool {
 /// reports them apart from its own time.
 static STARTUP_NANOS: AtomicU64 = AtomicU64::new(0);
 
-/// CUDA's start-up time in this process so far (see [`STARTUP_NANOS`]).
+/// CUDA's start-up time in this process so far (see `STARTUP_NANOS`).
 pub fn startup_time() -> Duration {
     Duration::from_nanos(STARTUP_NANOS.load(Ordering::Relaxed))
 }

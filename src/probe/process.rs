@@ -8,8 +8,8 @@
 //! the sink only while an observation is open. The C++ heap (libtorch's
 //! host objects, through the shim's operator new) is counted in the shim
 //! itself while an observation is open, without a lock
-//! ([`host_objects`]); it feeds the sink only while attribution records
-//! sites ([`record_host_object_sites`]). Thread-scope tests open a shared observation
+//! (`host_objects`); it feeds the sink only while attribution records
+//! sites (`record_host_object_sites`). Thread-scope tests open a shared observation
 //! too and read it as the device-global view, to notice growth that their
 //! hooked threads do not explain.
 use super::hook::{Tracker, TrackerState};

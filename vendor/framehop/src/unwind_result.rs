@@ -1,5 +1,0 @@
-#[derive(Debug, Clone)]
-pub enum UnwindResult<R> {
-    ExecRule(R),
-    Uncacheable(u64),
-}
