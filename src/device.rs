@@ -8,14 +8,18 @@ use std::str::FromStr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use tch::Device;
 
-/// The `device` setting before it is resolved against the machine.
+/// The `device` setting before it is resolved against the machine. A
+/// `tch::Device` converts into it (`Device::Cuda(1)`, `Device::Cpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum DeviceChoice {
     /// The first CUDA device if there is one, else the CPU. With
     /// GPU_LEAK_TEST_REQUIRE_CUDA=1 a machine without CUDA is an error.
     #[default]
     Auto,
+    /// The CPU.
     Cpu,
+    /// `cuda:N`.
     Cuda(usize),
 }
 
@@ -29,6 +33,15 @@ impl FromStr for DeviceChoice {
             DeviceValue::Cpu => DeviceChoice::Cpu,
             DeviceValue::Cuda(index) => DeviceChoice::Cuda(index),
         })
+    }
+}
+
+/// In `gpu-leak-test.yaml`: the text the attribute takes.
+impl<'de> serde::Deserialize<'de> for DeviceChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+        // Named, as serde_yaml's path stops at the mapping that holds it.
+        text.parse().map_err(|why: String| serde::de::Error::custom(format!("device: {why}")))
     }
 }
 

@@ -25,11 +25,11 @@ use tch::Device;
 ///
 /// ```no_run
 /// use gpu_leak_test::LeakTest;
-/// use tch::{Kind, Tensor};
+/// use tch::{Device, Kind, Tensor};
 ///
 /// let mut kept = Vec::new();
 /// let report = LeakTest::new("keeps_tensors")
-///     .device("cpu")
+///     .device(Device::Cpu)
 ///     .iterations(5)
 ///     .run(|device| kept.push(Tensor::zeros([256], (Kind::Float, device))))
 ///     .unwrap();
@@ -96,9 +96,10 @@ impl LeakTest {
         self
     }
 
-    /// `"auto"`, `"cpu"`, `"cuda"` or `"cuda:N"`: where the body runs. Every
-    /// device the test touches is judged. Checked when the test runs.
-    pub fn device(mut self, device: impl Into<String>) -> Self {
+    /// Where the body runs: a `tch::Device` (`Device::Cpu`,
+    /// `Device::Cuda(1)`) or [`DeviceChoice::Auto`](crate::DeviceChoice)
+    /// (the default). Every device the test touches is judged.
+    pub fn device(mut self, device: impl Into<crate::DeviceChoice>) -> Self {
         self.options.device = Some(device.into());
         self
     }
@@ -127,10 +128,10 @@ impl LeakTest {
         self
     }
 
-    /// `"auto"` (default), `"thread"` or `"process"`: whose allocations
-    /// count (see [`crate::scope`]); checked when the test runs.
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.options.scope = Some(scope.into());
+    /// Whose allocations count: [`Scope::Auto`](crate::Scope) (default),
+    /// `Thread` or `Process`.
+    pub fn scope(mut self, scope: crate::Scope) -> Self {
+        self.options.scope = Some(scope);
         self
     }
 

@@ -6,7 +6,7 @@
 // is private, or reachable through `internals` (unstable, for this crate's
 // benches and probe tests) and `__private` (what the derive expands into).
 
-pub mod config;
+mod config;
 mod error;
 mod isolation;
 mod layer;
@@ -14,12 +14,12 @@ mod leak_test;
 mod protocol;
 mod refs;
 pub mod report;
-pub mod scope;
+mod scope;
 mod threads;
-pub mod verdict;
+mod verdict;
 
 pub use attribution::Site;
-pub use config::Options;
+pub use config::{Options, Plots, Suppression, CONFIG_FILE_NAME};
 pub use error::{Error, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
@@ -29,6 +29,8 @@ pub use refs::{watch, GraphRetention, Reference, TensorRefs};
 pub use report::{DeviceResult, MemoryViews, Report};
 pub use tch;
 pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard, ThreadLeftRunning};
+pub use device::DeviceChoice;
+pub use scope::Scope;
 pub use verdict::{Leak, Phase, RetainedDuring, Verdict};
 
 /// The measurement machinery: memory sources, stack capture, attribution.

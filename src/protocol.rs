@@ -650,7 +650,13 @@ impl<'a> Run<'a> {
         let mut report = Report {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
-            crate_root: self.test.crate_root().map(|root| root.display().to_string()),
+            // The checkout the test runs from (nextest remaps it for an
+            // archive), where the annotated files are; else the build's.
+            crate_root: std::env::var_os("CARGO_MANIFEST_DIR")
+                .map(std::path::PathBuf::from)
+                .filter(|root| root.is_dir())
+                .or_else(|| self.test.crate_root())
+                .map(|root| root.display().to_string()),
             device: self.device,
             verdict_device: self.layers[chosen].device(),
             verdict_layer: self.layers[chosen],

@@ -21,6 +21,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The `scope` setting before it is resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Scope {
     /// `process` where no other test shares the process, else `thread`.
     #[default]
@@ -42,6 +43,15 @@ impl FromStr for Scope {
             ScopeValue::Thread => Scope::Thread,
             ScopeValue::Process => Scope::Process,
         })
+    }
+}
+
+/// In `gpu-leak-test.yaml`: the text the attribute takes.
+impl<'de> serde::Deserialize<'de> for Scope {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+        // Named, as serde_yaml's path stops at the mapping that holds it.
+        text.parse().map_err(|why: String| serde::de::Error::custom(format!("scope: {why}")))
     }
 }
 

@@ -5,6 +5,7 @@ use std::fmt;
 
 /// Where in the protocol something happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum Phase {
     /// The setup form's setup call (before any iteration).
     #[serde(rename = "setup")]
@@ -42,7 +43,7 @@ impl fmt::Display for Phase {
 /// by the end of the first window and a period of up to `iterations + 1`
 /// iterations are recognised, and a leak every k-th iteration fails for
 /// every k up to `iterations`.
-pub fn confirmation_bound(window: u32) -> u32 {
+pub(crate) fn confirmation_bound(window: u32) -> u32 {
     window.saturating_mul(3)
 }
 
@@ -51,7 +52,7 @@ pub fn confirmation_bound(window: u32) -> u32 {
 // Field names say what they hold; the variants' docs say the rest.
 #[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// Retained growth, scaled to the measured window, at or under the
     /// threshold (negative where older memory was freed).
     WithinThreshold { retained_bytes: i64 },
@@ -80,7 +81,7 @@ pub enum Shape {
 /// bytes every `p` iterations. A shape counts as settled only when the
 /// relation held for `window` consecutive iterations, so growth that stops
 /// must stay stopped for as long as the test measured.
-pub fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes: u64) -> Shape {
+pub(crate) fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes: u64) -> Shape {
     let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
     let m = levels.len();
     let retained_bytes = all[m] - baseline;
@@ -124,7 +125,7 @@ pub fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes: u64) -
 }
 
 /// Iterations (1-based) after which the level reached a new high.
-pub fn new_highs(baseline: i64, levels: &[i64]) -> Vec<u32> {
+pub(crate) fn new_highs(baseline: i64, levels: &[i64]) -> Vec<u32> {
     let mut high = baseline;
     let mut highs = Vec::new();
     for (index, &live) in levels.iter().enumerate() {
@@ -138,7 +139,7 @@ pub fn new_highs(baseline: i64, levels: &[i64]) -> Vec<u32> {
 
 /// Attribution iterations needed to tell state replaced every iteration
 /// from a site that grows every time, where the levels follow no pattern.
-pub const REPLACED_STATE_ITERATIONS: u32 = 8;
+pub(crate) const REPLACED_STATE_ITERATIONS: u32 = 8;
 
 /// What attribution saw of state that is replaced every iteration: whether
 /// anything allocated before the last attribution iteration is still alive,
@@ -148,7 +149,7 @@ pub const REPLACED_STATE_ITERATIONS: u32 = 8;
 /// run to run, such as a buffer sized by the data) needs it: a loop that
 /// keeps nothing across iterations and grows no site in every iteration
 /// holds bounded state however its total wanders.
-pub fn replaced_each_iteration(kept_across_iterations: bool, site_levels: &[Vec<u64>]) -> bool {
+pub(crate) fn replaced_each_iteration(kept_across_iterations: bool, site_levels: &[Vec<u64>]) -> bool {
     // Sizes drawn at random rise every time over 8 iterations once in 40,320
     // runs; a history regrown every iteration always does.
     let grows_every_time =
@@ -190,7 +191,7 @@ impl Leak {
 
 /// Exact live bytes at each point of a run.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Series {
+pub(crate) struct Series {
     /// Before setup (or before the first iteration for the per-iteration form).
     pub start: i64,
     /// After setup; equal to `start` where there is none.
@@ -203,12 +204,12 @@ pub struct Series {
 
 impl Series {
     /// Live bytes just before the first measured iteration.
-    pub fn baseline(&self) -> i64 {
+    pub(crate) fn baseline(&self) -> i64 {
         self.warmup.last().copied().unwrap_or(self.after_setup)
     }
 
     /// What the warm-up iterations left behind.
-    pub fn warmup_retained(&self) -> i64 {
+    pub(crate) fn warmup_retained(&self) -> i64 {
         self.baseline() - self.after_setup
     }
 }
@@ -216,6 +217,7 @@ impl Series {
 /// When one-time retention happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RetainedDuring {
     /// The warm-up iterations.
     WarmUp,
@@ -270,7 +272,7 @@ pub enum Verdict {
     /// libtorch's host objects grew by no more than the records of the
     /// tensors kept beside them (their `TensorImpl`s, `StorageImpl`s and
     /// handles), kept by a tensor leak or a cache filling up: part of that,
-    /// reported with it, not a second cause. See [`records_of_kept_tensors`].
+    /// reported with it, not a second cause. See `records_of_kept_tensors`.
     RecordsOfKeptTensors { retained_bytes: i64, bytes_per_iteration: f64 },
 }
 
@@ -314,7 +316,7 @@ impl Verdict {
 /// The verdict for a run that finished all its iterations, from the shape
 /// of its levels. A leak outranks a peak over budget, which outranks the
 /// passing verdicts. `Growing` here is past the confirmation bound.
-pub fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
+pub(crate) fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
     let peak_over = peak.filter(|&(peak_bytes, budget)| peak_bytes > budget.min(i64::MAX as u64) as i64);
     let baseline = series.baseline();
     let measured = &series.measured;
@@ -362,7 +364,7 @@ fn shape_drift(shape: &Shape) -> Option<(u32, i64)> {
 ///   replaced every iteration with no site growing, is bounded: a buffer
 ///   whose size varies from run to run. Exact growth stays a leak.
 /// - A leak whose unsuppressed part is within the threshold is suppressed.
-pub fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iteration: f64, threshold_bytes: u64) -> Verdict {
+pub(crate) fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iteration: f64, threshold_bytes: u64) -> Verdict {
     let unsuppressed = leak.retained_bytes as f64 - suppressed_per_iteration * leak.iterations as f64;
     if leak.drift.is_none() && replaced {
         Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
@@ -380,7 +382,7 @@ pub fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iteration: 
 /// attribution backs it: something kept across iterations, or a site that
 /// grew every time (`replaced` false), and the level still higher after
 /// attribution's iterations than before them (`grew_during_attribution`).
-pub fn host_objects_after_attribution(
+pub(crate) fn host_objects_after_attribution(
     leak: &Leak,
     replaced: bool,
     grew_during_attribution: bool,
@@ -396,7 +398,7 @@ pub fn host_objects_after_attribution(
 
 /// Whether the protocol should run another confirmation iteration: the
 /// shape is still growing and the bound allows more.
-pub fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
+pub(crate) fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
     series.measured.len() < confirmation_bound(window) as usize
         && matches!(shape(series.baseline(), &series.measured, window, threshold_bytes), Shape::Growing { .. })
 }
@@ -406,7 +408,7 @@ pub fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
 /// benches/RESULTS.md): a median step of 64 to 840 B per iteration (the
 /// harness's bookkeeping), with single steps up to 4.2 KiB where glibc
 /// grows an arena. Five times the largest median.
-pub const HOST_HEAP_NOTE_BYTES: f64 = 4096.0;
+pub(crate) const HOST_HEAP_NOTE_BYTES: f64 = 4096.0;
 
 /// Slack on a tensor's records: a kept tensor's shape and strides, a
 /// view's, and libtorch's own bookkeeping of live blocks (a map that
@@ -421,7 +423,7 @@ const RECORDS_SLACK: f64 = 2.0;
 /// the canary tensor measured them before the body ran. A tensor kept with
 /// its autograd graph keeps graph nodes too, many times that, and stays a
 /// leak of its own.
-pub fn records_of_kept_tensors(host_bytes_per_iteration: f64, tensors_per_iteration: f64, records_per_tensor: i64) -> bool {
+pub(crate) fn records_of_kept_tensors(host_bytes_per_iteration: f64, tensors_per_iteration: f64, records_per_tensor: i64) -> bool {
     tensors_per_iteration > 0.0
         && records_per_tensor > 0
         && host_bytes_per_iteration <= tensors_per_iteration * records_per_tensor as f64 * RECORDS_SLACK
@@ -432,7 +434,7 @@ pub fn records_of_kept_tensors(host_bytes_per_iteration: f64, tensors_per_iterat
 /// the bytes per iteration. Steady means it rose after every iteration, and
 /// the median rise is what is compared, so one arena growth on a clean test
 /// is not a finding. Called where every judged layer stayed flat.
-pub fn host_heap_growth(levels: &[i64]) -> Option<f64> {
+pub(crate) fn host_heap_growth(levels: &[i64]) -> Option<f64> {
     let mut rises: Vec<i64> = levels.windows(2).map(|w| w[1] - w[0]).collect();
     if rises.len() < 2 || rises.iter().any(|&rise| rise <= 0) {
         return None;
@@ -447,7 +449,7 @@ pub fn host_heap_growth(levels: &[i64]) -> Option<f64> {
 /// `counted` and `global` are levels before the first measured iteration and
 /// after each. Returns the unexplained bytes per iteration where the
 /// difference grows like a leak would.
-pub fn unexplained_growth(counted: &[i64], global: &[i64], window: u32) -> Option<f64> {
+pub(crate) fn unexplained_growth(counted: &[i64], global: &[i64], window: u32) -> Option<f64> {
     let difference: Vec<i64> = counted.iter().zip(global).map(|(c, g)| g - c).collect();
     let (&baseline, levels) = difference.split_first()?;
     let series = Series { start: baseline, after_setup: baseline, warmup: Vec::new(), measured: levels.to_vec() };

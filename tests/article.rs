@@ -11,7 +11,7 @@ mod common;
 
 use common::{allocated_size, LineMark};
 use gpu_leak_test::internals::probe::{self, Tracker};
-use gpu_leak_test::verdict::RetainedDuring;
+use gpu_leak_test::RetainedDuring;
 use gpu_leak_test::{Layer, LeakTest, Report, Verdict};
 use tch::nn::{self, Module, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -26,7 +26,7 @@ const ACTIVATION_BYTES: u64 = (BATCH * FEATURES * 4) as u64;
 /// A leak test located at the line that calls this.
 #[track_caller]
 fn harness(name: &str, device: &str) -> LeakTest {
-    common::located(name).device(device)
+    common::located(name).device(common::device(device))
 }
 
 /// Prints the report (the main job's output) and writes its files beside the

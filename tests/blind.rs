@@ -20,8 +20,8 @@ fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
     let mut kept = Vec::new();
     for scope in ["thread", "process"] {
         let report = LeakTest::new("blind")
-            .device("cpu")
-            .scope(scope)
+            .device(tch::Device::Cpu)
+            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
             .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
             .unwrap();
         let Verdict::CannotMeasure { layer, source, reason } = &report.verdict else {
@@ -39,8 +39,8 @@ fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
     // Sighted again, the same body is judged, and the report says what counted.
     switch_off(Device::Cpu, false);
     let report = LeakTest::new("sighted")
-        .device("cpu")
-        .scope("process")
+        .device(tch::Device::Cpu)
+        .scope(gpu_leak_test::Scope::Process)
         .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
         .unwrap();
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
@@ -58,8 +58,8 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
     let mut ran = false;
     for scope in ["thread", "process"] {
         let report = LeakTest::new("blind_host_objects")
-            .device("cpu")
-            .scope(scope)
+            .device(tch::Device::Cpu)
+            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
             .run(|device| {
                 ran = true;
                 drop(Tensor::zeros([64], (Kind::Float, device)));
@@ -74,7 +74,7 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
         assert!(report.to_string().contains("CANNOT MEASURE in `blind_host_objects`"), "{report}");
     }
     switch_off_host_objects(false);
-    let report = LeakTest::new("host_objects_sighted").device("cpu").scope("process").run(|device| drop(Tensor::zeros([64], (Kind::Float, device)))).unwrap();
+    let report = LeakTest::new("host_objects_sighted").device(tch::Device::Cpu).scope(gpu_leak_test::Scope::Process).run(|device| drop(Tensor::zeros([64], (Kind::Float, device)))).unwrap();
     assert!(report.passed(), "{report}");
     assert_eq!(report.judged(Layer::HostObjects).unwrap().source, "operator new (the process's C++ heap)", "{report}");
 }
@@ -93,8 +93,8 @@ fn blind_driver_calls_and_a_second_cupti_subscriber_fail_as_cannot_measure() {
     let outside = Layer::OutsideLibtorch(Device::Cuda(index));
     let run = |name: &str, scope: &str| {
         LeakTest::new(name)
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
             .run(|device| drop(Tensor::zeros([64], (Kind::Float, device))))
             .unwrap()
     };

@@ -2,7 +2,7 @@
 //! CI) and again on CUDA where a GPU is present.
 mod common;
 
-use gpu_leak_test::verdict::{Phase, RetainedDuring};
+use gpu_leak_test::{Phase, RetainedDuring};
 use common::{allocated_size, LineMark};
 use gpu_leak_test::{Layer, LeakTest, Verdict};
 use tch::{Device, Kind, Tensor};
@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 /// A leak test located at the line that calls this.
 #[track_caller]
 fn leak_test(name: &str, device: &str) -> LeakTest {
-    common::located(name).device(device)
+    common::located(name).device(common::device(device))
 }
 
 fn kept_tensor_is_a_leak_named_at_its_line(device: &str) {

@@ -15,7 +15,7 @@ fn gate_load(name: &str) {
     if gpu_leak_test::cuda_device_or_skip(name).is_none() {
         return;
     }
-    LeakTest::new(name).device("auto").check_with_setup(|device| {
+    LeakTest::new(name).device(gpu_leak_test::DeviceChoice::Auto).check_with_setup(|device| {
         let a = Tensor::randn([8192, 8192], (Kind::Float, device));
         move || {
             let mut total = 0.0;

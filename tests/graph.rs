@@ -22,7 +22,7 @@ const SCOPES: [&str; 2] = ["thread", "process"];
 #[track_caller]
 fn in_each_scope<I: FnMut()>(name: &str, device: &str, mut setup: impl FnMut(Device) -> I, check: impl Fn(&Report)) {
     for scope in SCOPES {
-        let report = common::located(name).device(device).scope(scope).run_with_setup(&mut setup).unwrap();
+        let report = common::located(name).device(common::device(device)).scope(common::scope(scope)).run_with_setup(&mut setup).unwrap();
         println!("{report}\n");
         if !blind_here(&report) {
             check(&report);

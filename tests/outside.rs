@@ -109,8 +109,8 @@ fn raw_driver_allocations_kept_each_iteration_fail_naming_the_call() {
         let mark = LineMark::default();
         let mut kept = Vec::new();
         let report = common::located("raw_driver_allocations_kept")
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(common::scope(scope))
             .run(|_| {
                 driver.bind(index);
                 mark.set(line!() + 1);
@@ -138,8 +138,8 @@ fn raw_driver_allocations_freed_each_iteration_pass() {
     let driver = Driver::load();
     for scope in SCOPES {
         let report = common::located("raw_driver_allocations_freed")
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(common::scope(scope))
             .run(|_| {
                 driver.bind(index);
                 let block = driver.device_block(RAW_BYTES);
@@ -167,8 +167,8 @@ fn raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch() {
         let mark = LineMark::default();
         let mut kept = Vec::new();
         let report = common::located("raw_pinned_host_blocks_kept")
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(common::scope(scope))
             .run(|_| {
                 driver.bind(index);
                 mark.set(line!() + 1);
@@ -191,8 +191,8 @@ fn kept_pinned_copies_fail_naming_their_line() {
         let mark = LineMark::default();
         let mut kept = Vec::new();
         let report = common::located("kept_pinned_copies")
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(common::scope(scope))
             .run(|_| {
                 let out = Tensor::randn([64, 256], (Kind::Float, device));
                 mark.set(line!() + 1);
@@ -210,8 +210,8 @@ fn a_reused_pinned_staging_buffer_passes() {
     let device = Device::Cuda(index);
     for scope in SCOPES {
         let report = common::located("reused_pinned_staging")
-            .device(format!("cuda:{index}"))
-            .scope(scope)
+            .device(tch::Device::Cuda(index))
+            .scope(common::scope(scope))
             .run_with_setup(|_| {
                 let mut staging = Tensor::zeros([64, 256], (Kind::Float, Device::Cpu)).pin_memory(device);
                 move || {

@@ -17,8 +17,8 @@ fn run(body: Body, name: String) -> Verdict {
     // Thread scope on purpose: this is the scope that keeps parallel tests
     // apart (process scope would serialise them and count the noise).
     let report = LeakTest::new(name)
-        .device("cpu")
-        .scope("thread")
+        .device(tch::Device::Cpu)
+        .scope(gpu_leak_test::Scope::Thread)
         .run(|device| match body {
             Body::Clean => {
                 let _ = Tensor::ones([300], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);

@@ -124,7 +124,7 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
         return;
     }
     let report = gpu_leak_test::LeakTest::new("cpu_only")
-        .device("cpu")
+        .device(tch::Device::Cpu)
         .run(|device| drop(Tensor::ones([64], (Kind::Float, device))))
         .unwrap();
     assert!(report.passed(), "{report}");
@@ -147,8 +147,8 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
     let on = Device::Cuda(index);
     let mut kept = Vec::new();
     let report = gpu_leak_test::LeakTest::new("kept_pinned")
-        .device(format!("cuda:{index}"))
-        .scope("process")
+        .device(tch::Device::Cuda(index))
+        .scope(gpu_leak_test::Scope::Process)
         .run(|device| {
             let out = Tensor::ones([64, 64], (Kind::Float, device));
             kept.push(out.to_device(Device::Cpu).pin_memory(on));
@@ -163,8 +163,8 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
 
     let staging = Tensor::zeros([64, 64], (Kind::Float, Device::Cpu)).pin_memory(on);
     let report = gpu_leak_test::LeakTest::new("reused_staging")
-        .device(format!("cuda:{index}"))
-        .scope("process")
+        .device(tch::Device::Cuda(index))
+        .scope(gpu_leak_test::Scope::Process)
         .run(|device| {
             let out = Tensor::ones([64, 64], (Kind::Float, device));
             let mut staging = staging.shallow_clone();

@@ -80,8 +80,8 @@ fn run_program(program: &[Allocation], scope: &str) -> Report {
     let mut helper_kept = Vec::new();
     let mut iteration = 0u32;
     LeakTest::new("property")
-        .device("cpu")
-        .scope(scope)
+        .device(tch::Device::Cpu)
+        .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
         .warmup(WARMUP)
         .iterations(5)
         .attribution_iterations(ATTRIBUTION_ITERATIONS)

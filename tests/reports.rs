@@ -13,7 +13,7 @@ const FILE: &str = "tests/reports.rs";
 
 #[track_caller]
 fn harness(name: &str, device: &str) -> LeakTest {
-    common::located(name).device(device)
+    common::located(name).device(common::device(device))
 }
 
 /// A fresh folder under target/ for one test.
@@ -52,7 +52,7 @@ fn leaking_report(device: &str, cache_line: &LineMark, unwatched_line: &LineMark
 
 /// Iterations that ran before attribution: warm-up, measured, confirmation.
 fn iterations_before_attribution(report: &gpu_leak_test::Report) -> usize {
-    use gpu_leak_test::verdict::Phase;
+    use gpu_leak_test::Phase;
     report.samples.iter().filter(|s| matches!(s.phase, Phase::WarmUp | Phase::Measure | Phase::Confirm)).count()
 }
 
@@ -234,8 +234,8 @@ fn files_are_written_atomically_with_an_index() {
     let (a, b) = (LineMark::default(), LineMark::default());
     let failing = leaking_report("cpu", &a, &b);
     let passing = harness("clean_one", "cpu").run(|_| {}).unwrap();
-    let written = files::write_report(&failing, &dir, gpu_leak_test::config::Plots::Failing).unwrap();
-    let clean = files::write_report(&passing, &dir, gpu_leak_test::config::Plots::Failing).unwrap();
+    let written = files::write_report(&failing, &dir, gpu_leak_test::Plots::Failing).unwrap();
+    let clean = files::write_report(&passing, &dir, gpu_leak_test::Plots::Failing).unwrap();
     assert!(written.plot.is_some() && clean.plot.is_none(), "plots for failing tests only");
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporary files left: {names:?}");
@@ -245,7 +245,7 @@ fn files_are_written_atomically_with_an_index() {
     assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains(&plot_name), "{index}");
     // Writing into something that is not a folder fails with a reason.
     let not_a_folder = written.json.clone();
-    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::config::Plots::All).unwrap_err();
+    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::Plots::All).unwrap_err();
     let json_name = not_a_folder.file_name().unwrap().to_string_lossy().into_owned();
     assert!(error.contains(&json_name), "{error}");
 }
@@ -302,7 +302,7 @@ fn crate_with_config(name: &str, yaml: &str) -> PathBuf {
 #[test]
 fn config_file_is_found_at_the_crate_root_below_attribute_and_environment() {
     let root = crate_with_config("config_layers", "defaults:\n  iterations: 3\n  warmup: 1\noverrides:\n  - tests: \"layers::*\"\n    settings: { warmup: 0 }\n");
-    let test = |name: &str| LeakTest::new(name).device("cpu").location(format!("{FILE}:1"), &root);
+    let test = |name: &str| LeakTest::new(name).device(tch::Device::Cpu).location(format!("{FILE}:1"), &root);
     let from_file = test("other").run(|_| {}).unwrap();
     assert_eq!((from_file.settings.iterations, from_file.settings.warmup), (3, 1));
     let overridden = test("layers::one").run(|_| {}).unwrap();
@@ -314,7 +314,7 @@ fn config_file_is_found_at_the_crate_root_below_attribute_and_environment() {
 #[test]
 fn a_bad_config_file_is_an_error_naming_file_line_and_key() {
     let root = crate_with_config("config_bad", "defaults:\n  iterations: 3\n  treshold_mb: 1\n");
-    let error = LeakTest::new("x").device("cpu").location(format!("{FILE}:1"), &root).run(|_| {}).unwrap_err().to_string();
+    let error = LeakTest::new("x").device(tch::Device::Cpu).location(format!("{FILE}:1"), &root).run(|_| {}).unwrap_err().to_string();
     assert!(error.contains("gpu-leak-test.yaml:3: defaults: unknown field `treshold_mb`"), "{error}");
 }
 
@@ -324,7 +324,7 @@ fn suppressed_sites_are_listed_but_not_counted() {
     // Find the line first, then write a config that suppresses exactly it.
     let run = |root: &Path| {
         LeakTest::new("suppressed")
-            .device("cpu")
+            .device(tch::Device::Cpu)
             .location(format!("{FILE}:1"), root)
             .run_with_setup(|device| {
                 let mut kept = Vec::new();
@@ -366,7 +366,7 @@ fn sixteen_concurrent_writers_lose_no_row() {
                     let mut report = template.clone();
                     report.test = format!("writer_{writer}");
                     barrier.wait();
-                    files::write_report(&report, dir, gpu_leak_test::config::Plots::None).unwrap();
+                    files::write_report(&report, dir, gpu_leak_test::Plots::None).unwrap();
                 });
             }
         });
@@ -391,7 +391,7 @@ fn a_250_character_test_name_is_written_and_kept_whole_in_the_report() {
     let mut report = leaking_report("cpu", &a, &b);
     report.test = format!("module::{}", "very_long_name_".repeat(16).chars().take(250).collect::<String>());
     let dir = scratch("long_name");
-    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
     let text = std::fs::read_to_string(&written.json).unwrap();
     assert_eq!(json::from_json(&text).unwrap().report.test, report.test);
     assert!(written.json.file_name().unwrap().len() < 160);
@@ -429,7 +429,7 @@ fn a_should_panic_leak_test_is_shown_as_expected_in_the_index() {
         .run(|device| kept.push(Tensor::zeros([8], (Kind::Float, device))))
         .unwrap();
     let dir = scratch("expected_failure");
-    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::None).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::None).unwrap();
     let index = std::fs::read_to_string(written.index).unwrap();
     assert!(index.contains("expected by #[should_panic]") && index.contains("class=\"expected\""), "{index}");
     assert!(index.contains(&report.top_site().unwrap().location.clone().unwrap()), "the site column: {index}");
@@ -444,11 +444,11 @@ fn a_failing_test_has_a_page_with_a_series_per_site() {
     let report = leaking_report("cpu", &a, &b);
     let dir = scratch("page");
     let passing = harness("clean_neighbour", "cpu").run(|_| {}).unwrap();
-    files::write_report(&passing, &dir, gpu_leak_test::config::Plots::All).unwrap();
-    let written = files::write_report(&report, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    files::write_report(&passing, &dir, gpu_leak_test::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
     // Written again: the index keeps its newest row only (the page's script
     // drops the older one; scripts/browser-check.sh checks the rendering).
-    files::write_report(&passing, &dir, gpu_leak_test::config::Plots::All).unwrap();
+    files::write_report(&passing, &dir, gpu_leak_test::Plots::All).unwrap();
     let page = std::fs::read_to_string(&written.page).unwrap();
     let sites = report.attribution.as_ref().unwrap().sites.len();
     assert!(sites >= 2, "{report}");
@@ -474,7 +474,7 @@ fn merged_partitions_list_exactly_the_tests_of_the_whole_run() {
         for name in names {
             let mut report = template.clone();
             report.test = name.clone();
-            files::write_report(&report, dir, gpu_leak_test::config::Plots::None).unwrap();
+            files::write_report(&report, dir, gpu_leak_test::Plots::None).unwrap();
         }
     };
     let whole = scratch("merge_whole");

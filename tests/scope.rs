@@ -6,7 +6,7 @@
 mod common;
 
 use common::{allocated_size, LineMark};
-use gpu_leak_test::verdict::RetainedDuring;
+use gpu_leak_test::RetainedDuring;
 use gpu_leak_test::{current_test, LeakTest, Report, Verdict};
 use tch::{Device, Kind, Tensor};
 
@@ -14,10 +14,10 @@ const FILE: &str = "tests/scope.rs";
 
 #[track_caller]
 fn leak_test(name: &str, device: &str, scope: &str) -> LeakTest {
-    common::located(name).device(device).scope(scope)
+    common::located(name).device(common::device(device)).scope(common::scope(scope))
 }
 
-fn leak_on(report: &Report, device: Device) -> &gpu_leak_test::verdict::Leak {
+fn leak_on(report: &Report, device: Device) -> &gpu_leak_test::Leak {
     assert_eq!(report.verdict_device, device, "{report}");
     let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak on {device:?}:\n{report}") };
     leak
@@ -257,7 +257,7 @@ fn a_leak_test_inside_a_leak_test_is_an_error_not_a_hang() {
             .iterations(1)
             .warmup(0)
             .run(|_| {
-                let inner = LeakTest::new("inner").device("cpu").iterations(2).run(|_| {});
+                let inner = LeakTest::new("inner").device(tch::Device::Cpu).iterations(2).run(|_| {});
                 inner_error = inner.err();
             })
             .unwrap();

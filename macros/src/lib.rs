@@ -1,8 +1,8 @@
 //! The `#[gpu_leak_test]` attribute and `#[derive(TensorRefs)]`. They stay
-//! thin: [`parse`] reads the attribute's syntax, [`validate`] checks values
+//! thin: `parse` reads the attribute's syntax, `validate` checks values
 //! and the function (with the rules the runtime uses, from the one table of
 //! options in `gpu_leak_test_options`), and
-//! [`expand`] writes the builder calls a hand-written test would make.
+//! `expand` writes the builder calls a hand-written test would make.
 extern crate proc_macro;
 
 mod expand;
@@ -34,8 +34,8 @@ use quote::quote;
 ///         .options(gpu_leak_test::Options {
 ///             threshold_mb: Some(1.0),                 // threshold_mb = 1.0
 ///             iterations: Some(8),                     // iterations = 8
-///             device: Some("cuda".into()),             // device = "cuda"
-///             scope: Some("process".into()),           // scope = "process"
+///             device: Some(gpu_leak_test::DeviceChoice::Cuda(0)), // device = "cuda"
+///             scope: Some(gpu_leak_test::Scope::Process),          // scope = "process"
 ///             ..Default::default()
 ///         })
 ///         .check_with_setup(|device| { let model = build(device); move || model.step() })
@@ -43,7 +43,9 @@ use quote::quote;
 /// ```
 ///
 /// Each option maps to the field of `gpu_leak_test::Options` of the same
-/// name (`warmup`, `peak_mb` and `attribution_iterations` too); `crate =
+/// name (`warmup`, `peak_mb` and `attribution_iterations` too; the one
+/// table of options in `gpu_leak_test_options` lists them, and text values
+/// are checked here with the runtime's rules and arrive typed); `crate =
 /// path` names this crate where it was renamed. A body returning `()` becomes
 /// `.check(|device| ...)`, one returning `Result<(), E>` becomes
 /// `.try_check(|device| ...)`. Other parameters (rstest's cases and

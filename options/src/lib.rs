@@ -35,8 +35,10 @@ pub struct AttributeOption {
 /// name: Type, env "GPU_LEAK_TEST_NAME", rule rule_fn, attribute kind(args);
 /// ```
 ///
-/// `Type` is the runtime's field type (named where the callback expands),
-/// `rule_fn` a function of [`rules`] taking `&Type` (for every source), and
+/// `Type` is the runtime's field type (named where the callback expands;
+/// typed values such as a device are valid once parsed, by the rule the
+/// attribute uses too), `rule_fn` a function of [`rules`] taking `&Type`
+/// (for every source), and
 /// the attribute kind one of `mib`, `whole`, `text("what is valid")` or
 /// `suite_only`, with the rule the attribute checks literals with.
 #[macro_export]
@@ -52,9 +54,9 @@ macro_rules! for_each_option {
             warmup: u32, env "GPU_LEAK_TEST_WARMUP", rule any, attribute whole(any);
             /// Where the body runs: `"auto"` (default), `"cpu"`, `"cuda"`, `"cuda:N"`.
             /// Every device the test touches is judged.
-            device: String, env "GPU_LEAK_TEST_DEVICE", rule device, attribute text(device, "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+            device: DeviceChoice, env "GPU_LEAK_TEST_DEVICE", rule any, attribute text(device, "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
             /// Whose allocations count: `"auto"` (default), `"thread"`, `"process"`.
-            scope: String, env "GPU_LEAK_TEST_SCOPE", rule scope, attribute text(scope, "\"auto\", \"thread\" or \"process\"");
+            scope: Scope, env "GPU_LEAK_TEST_SCOPE", rule any, attribute text(scope, "\"auto\", \"thread\" or \"process\"");
             /// Budget for the most live bytes at once, in MiB.
             peak_mb: f64, env "GPU_LEAK_TEST_PEAK_MB", rule peak_mb, attribute mib(peak_mb);
             /// Iterations run with stack capture after a failing verdict (default 3).

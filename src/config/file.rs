@@ -32,6 +32,7 @@ pub(crate) type FileSettings = Options;
 /// Which tests get an SVG timeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Plots {
     /// Failing tests only.
     #[default]
@@ -58,6 +59,7 @@ impl std::str::FromStr for Plots {
 /// on the function) are listed in reports but not counted.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Suppression {
     /// A glob on the site's `file:line`, function or calling line.
     pub site: String,
@@ -166,6 +168,16 @@ fn line_of(text: &str, key: &str, value: Option<&str>) -> usize {
         .unwrap_or(1)
 }
 
+/// `section: key: why` (a typed value that names its key, where serde_yaml's
+/// path stops at the mapping holding it) as `section.key: why`.
+fn with_key_in_path(message: String) -> String {
+    let Some((path, rest)) = message.split_once(": ") else { return message };
+    match rest.split_once(": ") {
+        Some((key, why)) if super::Options::ENVIRONMENT.iter().any(|(name, _)| *name == key) => format!("{path}.{key}: {why}"),
+        _ => message,
+    }
+}
+
 impl ConfigFile {
     /// Parses and checks a config file. Errors name the file, the line and
     /// the key.
@@ -182,7 +194,7 @@ impl ConfigFile {
                     Some(cut) => message[..cut].to_string(),
                     None => message,
                 };
-                error(line, message)
+                error(line, with_key_in_path(message))
             })?
         };
         config.path = path.to_path_buf();

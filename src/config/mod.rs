@@ -11,17 +11,17 @@ use crate::error::{Error, Result};
 
 /// Set to 1 on GPU runners: a test that finds no CUDA device then fails
 /// instead of skipping, so a misconfigured runner cannot pass the gate.
-pub const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
+pub(crate) const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
 
 /// Set to 1 to count what is allocated through the CUDA driver (CUPTI's
 /// callbacks): memory outside libtorch's allocators becomes a judged layer,
 /// and CUDA tensors are counted from libtorch's own driver calls where its
 /// allocator reports nothing else (caching off, `cudaMallocAsync` on the
 /// hook). Off until it has been verified on a GPU runner.
-pub const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
+pub(crate) const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
 
 /// Whether `GPU_LEAK_TEST_DRIVER_CALLS` asks for the driver's calls.
-pub fn driver_calls_enabled() -> Result<bool> {
+pub(crate) fn driver_calls_enabled() -> Result<bool> {
     match env_var(DRIVER_CALLS_VAR)? {
         Some(value) => parse_bool(DRIVER_CALLS_VAR, &value),
         None => Ok(false),
@@ -32,15 +32,15 @@ pub fn driver_calls_enabled() -> Result<bool> {
 /// it went (body, waiting, prewarm and CUDA's start-up in it, sampling,
 /// attribution, report writing).
 /// For measuring the harness over a suite (`scripts/harness-time.sh`).
-pub const TIMINGS_VAR: &str = "GPU_LEAK_TEST_TIMINGS";
+pub(crate) const TIMINGS_VAR: &str = "GPU_LEAK_TEST_TIMINGS";
 
 /// Where `GPU_LEAK_TEST_TIMINGS` asks for timing lines, if it does.
-pub fn timings_file() -> Option<std::path::PathBuf> {
+pub(crate) fn timings_file() -> Option<std::path::PathBuf> {
     std::env::var_os(TIMINGS_VAR).filter(|path| !path.is_empty()).map(Into::into)
 }
 
 /// Parses a boolean variable: 1/true/yes/on or 0/false/no/off/empty.
-pub fn parse_bool(name: &str, value: &str) -> Result<bool> {
+pub(crate) fn parse_bool(name: &str, value: &str) -> Result<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "" | "0" | "false" | "no" | "off" => Ok(false),
@@ -52,7 +52,7 @@ pub fn parse_bool(name: &str, value: &str) -> Result<bool> {
 }
 
 /// Reads a variable; `Ok(None)` when unset.
-pub fn env_var(name: &str) -> Result<Option<String>> {
+pub(crate) fn env_var(name: &str) -> Result<Option<String>> {
     match std::env::var(name) {
         Ok(value) => Ok(Some(value)),
         Err(std::env::VarError::NotPresent) => Ok(None),
@@ -64,7 +64,7 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
 }
 
 /// Whether `GPU_LEAK_TEST_REQUIRE_CUDA` asks for CUDA.
-pub fn cuda_required() -> Result<bool> {
+pub(crate) fn cuda_required() -> Result<bool> {
     match env_var(REQUIRE_CUDA_VAR)? {
         Some(value) => parse_bool(REQUIRE_CUDA_VAR, &value),
         None => Ok(false),
@@ -88,19 +88,19 @@ mod tests {
 
 /// Warm-up iterations: lazy initialisation (CUDA context, cuBLAS workspaces,
 /// optimizer state, caches) lands in the first, the second confirms it is done.
-pub const DEFAULT_WARMUP: u32 = 2;
+pub(crate) const DEFAULT_WARMUP: u32 = 2;
 /// Measured iterations: enough to see a leak that happens every other or
 /// every third iteration twice, few enough to keep tests fast.
-pub const DEFAULT_ITERATIONS: u32 = 5;
+pub(crate) const DEFAULT_ITERATIONS: u32 = 5;
 /// Exact accounting has no noise to absorb, so any retained growth that
 /// recurs is a leak by default.
-pub const DEFAULT_THRESHOLD_MB: f64 = 0.0;
+pub(crate) const DEFAULT_THRESHOLD_MB: f64 = 0.0;
 /// Iterations run with stack capture after a failing verdict.
-pub const DEFAULT_ATTRIBUTION_ITERATIONS: u32 = 3;
+pub(crate) const DEFAULT_ATTRIBUTION_ITERATIONS: u32 = 3;
 
 /// One MiB: `threshold_mb` and `peak_mb` count in MiB, as
 /// `torch.cuda.memory_allocated() / 1024**2` does.
-pub const MIB: f64 = 1024.0 * 1024.0;
+pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// Fully resolved settings of one leak test.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,7 +139,7 @@ impl Default for Settings {
 }
 
 /// MiB to bytes, rounded.
-pub fn mb_to_bytes(mb: f64) -> u64 {
+pub(crate) fn mb_to_bytes(mb: f64) -> u64 {
     (mb * MIB).round() as u64
 }
 
@@ -185,17 +185,14 @@ impl Settings {
         let above_file = attribute.clone().or(environment);
         let merged = above_file.or(file_options.unwrap_or_default());
         let defaults = Settings::default();
-        fn parsed<T: std::str::FromStr>(text: Option<String>) -> Option<T> {
-            text.map(|t| t.parse().ok().expect("validated above"))
-        }
         Ok(Settings {
-            device: parsed(merged.device).unwrap_or(defaults.device),
+            device: merged.device.unwrap_or(defaults.device),
             warmup: merged.warmup.unwrap_or(defaults.warmup),
             iterations: merged.iterations.unwrap_or(defaults.iterations),
             threshold_mb: merged.threshold_mb.unwrap_or(defaults.threshold_mb),
             peak_mb: merged.peak_mb,
             attribution_iterations: merged.attribution_iterations.unwrap_or(defaults.attribution_iterations),
-            scope: parsed(merged.scope).unwrap_or(defaults.scope),
+            scope: merged.scope.unwrap_or(defaults.scope),
             report_dir: merged.report_dir.map(std::path::PathBuf::from),
             plots: merged.plots.unwrap_or_default(),
             suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),
@@ -220,7 +217,7 @@ mod settings_tests {
     #[test]
     fn attribute_beats_environment_beats_default() {
         let vars = env(&[("GPU_LEAK_TEST_ITERATIONS", "9"), ("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "0.5")]);
-        let attribute = Options { iterations: Some(3), device: Some("cpu".into()), ..Default::default() };
+        let attribute = Options { iterations: Some(3), device: Some(crate::DeviceChoice::Cpu), ..Default::default() };
         let settings = Settings::resolve_with(&attribute, vars, None).unwrap();
         assert_eq!(settings.iterations, 3);
         assert_eq!(settings.warmup, 4);
@@ -257,8 +254,9 @@ mod settings_tests {
         assert_eq!(err.to_string(), "environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number");
         let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")]), None).unwrap_err();
         assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_THRESHOLD_MB: -1 MiB"), "{err}");
-        let err = Settings::resolve_with(&Options { device: Some("tpu".into()), ..Default::default() }, env(&[]), None).unwrap_err();
-        assert!(err.to_string().starts_with("attribute `device`: \"tpu\" is not a device"), "{err}");
+        // A device is typed where code gives it; text comes from the environment and the file.
+        let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_DEVICE", "tpu")]), None).unwrap_err();
+        assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_DEVICE: \"tpu\" is not a device"), "{err}");
         let err = Settings::resolve_with(&Options { iterations: Some(0), ..Default::default() }, env(&[]), None).unwrap_err();
         assert!(err.to_string().starts_with("attribute `iterations`: must be at least 1"), "{err}");
     }

@@ -4,6 +4,8 @@
 //! builder all fill [`Options`]; the environment variables, the checks and
 //! the layer merge are generated from the same table.
 use super::Plots;
+use crate::device::DeviceChoice;
+use crate::scope::Scope;
 use crate::error::{Error, Result};
 
 /// A value an option can hold: parsed from an environment variable, shown in
@@ -39,6 +41,23 @@ impl OptionValue for String {
         self.clone()
     }
 }
+
+/// Typed values read from text as the attribute checks them, and shown as
+/// written.
+macro_rules! from_text {
+    ($($ty:ty),*) => {$(
+        impl OptionValue for $ty {
+            fn parse_text(text: &str) -> std::result::Result<Self, String> {
+                text.parse()
+            }
+            fn text(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+from_text!(DeviceChoice, Scope);
 
 impl OptionValue for Plots {
     fn parse_text(text: &str) -> std::result::Result<Self, String> {

@@ -85,3 +85,13 @@ macro_rules! on_each_device {
         }
     };
 }
+
+/// A scenario's device name (`cpu`, `cuda`, `cuda:N`) as the builder takes it.
+pub fn device(name: &str) -> gpu_leak_test::DeviceChoice {
+    name.parse().unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// A scenario's scope name (`thread`, `process`, `auto`) as the builder takes it.
+pub fn scope(name: &str) -> gpu_leak_test::Scope {
+    name.parse().unwrap_or_else(|why| panic!("{why}"))
+}
