@@ -25,7 +25,7 @@ fn environment_overrides_and_malformed_values() {
     // A malformed value fails the test and names the variable.
     std::env::set_var("GPU_LEAK_TEST_ITERATIONS", "five");
     let text = panic_text(catch_unwind(|| run_body(cpu(), |_| {})));
-    assert!(text.contains("environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number"), "{text}");
+    assert!(text.contains("environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number (0 to 4294967295)"), "{text}");
 
     // A valid value changes the run; the attribute still wins over it.
     std::env::set_var("GPU_LEAK_TEST_ITERATIONS", "3");

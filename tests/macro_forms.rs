@@ -163,3 +163,12 @@ fn derive_takes_a_renamed_crate_path() {
     renamed::TensorRefs::for_each_tensor(&state, &mut "state".to_string(), &mut |path, _| seen.push(path.to_string()));
     assert_eq!(seen, ["state.weights"]);
 }
+
+/// A `where` clause stays on the body's function, where its bounds apply.
+#[gpu_leak_test::gpu_leak_test(device = "cpu", iterations = 2)]
+fn a_where_clause_is_kept()
+where
+    Vec<u8>: Clone,
+{
+    let _ = Vec::<u8>::new().clone();
+}

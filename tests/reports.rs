@@ -501,3 +501,44 @@ fn merged_partitions_list_exactly_the_tests_of_the_whole_run() {
     let jsons = std::fs::read_dir(&merged).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json")).count();
     assert_eq!(jsons, names.len());
 }
+
+/// Two runners' folders that hold the same test merge into one row and the
+/// files of that same report: the newest, whichever folder is listed last.
+/// A folder merged into itself is refused, and its files stay whole.
+#[test]
+fn merging_keeps_one_reports_row_and_files_and_refuses_its_own_output() {
+    let (a, b) = (LineMark::default(), LineMark::default());
+    let mut leaking = leaking_report("cpu", &a, &b);
+    leaking.test = "suite::twice".into();
+    let mut passing = harness("twice_passing", "cpu").run(|_| {}).unwrap();
+    passing.test = "suite::twice".into();
+    let (newer, older) = (scratch("merge_newer"), scratch("merge_older"));
+    files::write_report(&leaking, &newer, gpu_leak_test::Plots::All).unwrap();
+    files::write_report(&passing, &older, gpu_leak_test::Plots::All).unwrap();
+    // The older folder's row, written an hour earlier.
+    let rows_path = older.join("index.rows");
+    let aged: String = std::fs::read_to_string(&rows_path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut row: serde_json::Value = serde_json::from_str(line).unwrap();
+            row["written_at"] = (row["written_at"].as_u64().unwrap() - 3600).into();
+            format!("{row}\n")
+        })
+        .collect();
+    std::fs::write(&rows_path, aged).unwrap();
+    let merged = scratch("merge_both");
+    gpu_leak_test::report::index::merge_report_dirs(&merged, &[newer.clone(), older.clone()]).unwrap();
+    let row: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(merged.join("index.rows")).unwrap().lines().next().unwrap()).unwrap();
+    let stem = row["stem"].as_str().unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(merged.join(format!("{stem}.json"))).unwrap()).unwrap();
+    assert_eq!(row["verdict"], "leak");
+    assert_eq!(json["verdict"]["kind"], "leak", "the row and its JSON are one report");
+    assert!(merged.join(format!("{stem}.svg")).metadata().unwrap().len() > 0);
+
+    let before = std::fs::read_to_string(newer.join(format!("{stem}.json"))).unwrap();
+    let error = gpu_leak_test::report::index::merge_report_dirs(&newer, &[newer.clone(), older.clone()]).unwrap_err();
+    assert!(error.contains("also an input"), "{error}");
+    assert_eq!(std::fs::read_to_string(newer.join(format!("{stem}.json"))).unwrap(), before);
+}

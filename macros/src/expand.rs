@@ -28,6 +28,8 @@ pub(crate) fn test(options: &Options, test: TestFn) -> TokenStream {
     let krate = options.krate.clone().unwrap_or_else(|| syn::parse_quote!(::gpu_leak_test));
     let syn::ItemFn { attrs, vis, sig, block } = function;
     let name = &sig.ident;
+    // Kept on the body's function, where its bounds apply.
+    let where_clause = &sig.generics.where_clause;
     let output = &sig.output;
     let inner = format_ident!("__gpu_leak_test_{}", name);
     let (device_pat, device_ty) = match &device {
@@ -63,7 +65,7 @@ pub(crate) fn test(options: &Options, test: TestFn) -> TokenStream {
         #(#attrs)*
         #vis fn #name(#(#outer_params),*) #outer_output {
             #[allow(clippy::needless_pass_by_value, unused_mut, non_snake_case)]
-            fn #inner(#device_pat: #device_ty, #(#inner_params),*) #output #block
+            fn #inner(#device_pat: #device_ty, #(#inner_params),*) #output #where_clause #block
             #krate::LeakTest::for_test_function(::core::stringify!(#name), ::core::module_path!())
                 .location(::core::concat!(::core::file!(), ":", #line), ::core::env!("CARGO_MANIFEST_DIR"))
                 #options
@@ -122,6 +124,11 @@ mod snapshots {
     #[test]
     fn fallible_form_returns_the_first_error() {
         check("fallible_form", "", "fn fallible() -> Result<(), String> { Ok(()) }");
+    }
+
+    #[test]
+    fn a_where_clause_stays_on_the_body() {
+        check("where_clause", "", "fn bounded(n: u32) where u32: Copy { let _ = n; }");
     }
 
     #[test]

@@ -156,6 +156,20 @@ pub(crate) fn function(function: ItemFn) -> syn::Result<TestFn> {
     if let Some(asyncness) = &sig.asyncness {
         return Err(syn::Error::new(asyncness.span(), "#[gpu_leak_test] does not support async functions"));
     }
+    if let Some(unsafety) = &sig.unsafety {
+        return Err(syn::Error::new(
+            unsafety.span(),
+            "#[gpu_leak_test] does not support `unsafe fn`: the harness calls the test, and nothing upholds its \
+             safety contract; make the function safe and put the unsafe calls in `unsafe` blocks",
+        ));
+    }
+    if let Some(abi) = &sig.abi {
+        return Err(syn::Error::new(
+            abi.span(),
+            "#[gpu_leak_test] does not support `extern` functions: write a plain Rust `fn` and call the extern \
+             function from it",
+        ));
+    }
     if !sig.generics.params.is_empty() {
         return Err(syn::Error::new(sig.generics.span(), "#[gpu_leak_test] does not support generic functions"));
     }

@@ -105,6 +105,17 @@ impl FileLayer {
     }
 }
 
+/// Why `pattern` uses glob syntax [`glob_match`] does not have (`{a,b}`,
+/// `[lo]`), which would otherwise be taken literally and never match.
+fn unsupported_glob(pattern: &str) -> Option<String> {
+    pattern.chars().find(|c| matches!(c, '{' | '}' | '[' | ']')).map(|c| {
+        format!(
+            "{pattern:?} uses `{c}`, which these globs do not support (only `*`, any run of characters, and `?`, any \
+             one); write one entry per alternative"
+        )
+    })
+}
+
 /// `*` matches any run of characters, `?` any one.
 pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     glob_match_counting(pattern, text).0
@@ -205,7 +216,21 @@ impl ConfigFile {
         for (section, s) in sections {
             s.validate(|key, value| format!("{display}:{}: {section}.{key}", line_of(text, key, Some(value))))?;
         }
+        for (i, o) in config.overrides.iter().enumerate() {
+            if let Some(why) = unsupported_glob(&o.tests) {
+                return Err(error(line_of(text, "tests", Some(&o.tests)), format!("overrides[{i}].tests: {why}")));
+            }
+        }
         for (i, suppression) in config.suppressions.iter().enumerate() {
+            if suppression.site.trim().is_empty() {
+                return Err(error(
+                    line_of(text, "site", Some(&suppression.site)),
+                    format!("suppressions[{i}].site: empty, so it would match no site; name the file, line or function it is for"),
+                ));
+            }
+            if let Some(why) = unsupported_glob(&suppression.site) {
+                return Err(error(line_of(text, "site", Some(&suppression.site)), format!("suppressions[{i}].site: {why}")));
+            }
             if matches_everything(&suppression.site) {
                 return Err(error(
                     line_of(text, "site", Some(&suppression.site)),
@@ -338,6 +363,12 @@ mod tests {
         assert!(err.starts_with("gpu-leak-test.yaml:2: suppressions[0].reason"), "{err}");
         let err = parse("overrides:\n  - tests: a\n    settings: { device: tpu }\n").unwrap_err().to_string();
         assert!(err.starts_with("gpu-leak-test.yaml:3: overrides[0].settings.device: \"tpu\" is not a device"), "{err}");
+        let err = parse("defaults: {}\noverrides:\n  - tests: \"suite::{a,b}\"\n    settings: { iterations: 3 }\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:3: overrides[0].tests: \"suite::{a,b}\" uses `{`"), "{err}");
+        let err = parse("suppressions:\n  - site: \"src/[lo]*.rs:*\"\n    reason: cache\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2: suppressions[0].site: \"src/[lo]*.rs:*\" uses `[`"), "{err}");
+        let err = parse("suppressions:\n  - site: \"\"\n    reason: cache\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2: suppressions[0].site: empty"), "{err}");
         let err = parse("defaults: { plots: sometimes }\n").unwrap_err().to_string();
         assert!(err.contains("unknown variant `sometimes`"), "{err}");
     }

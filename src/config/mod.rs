@@ -251,7 +251,9 @@ mod settings_tests {
     #[test]
     fn malformed_values_name_their_source() {
         let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "five")]), None).unwrap_err();
-        assert_eq!(err.to_string(), "environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number");
+        assert_eq!(err.to_string(), "environment variable GPU_LEAK_TEST_ITERATIONS: \"five\" is not a valid whole number (0 to 4294967295)");
+        let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_ITERATIONS", "4294967296")]), None).unwrap_err();
+        assert!(err.to_string().ends_with("\"4294967296\" is not a valid whole number (0 to 4294967295)"), "{err}");
         let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_THRESHOLD_MB", "-1")]), None).unwrap_err();
         assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_THRESHOLD_MB: -1 MiB"), "{err}");
         // A device is typed where code gives it; text comes from the environment and the file.

@@ -17,7 +17,7 @@ pub(crate) trait OptionValue: Sized {
 
 impl OptionValue for u32 {
     fn parse_text(text: &str) -> std::result::Result<Self, String> {
-        text.trim().parse().map_err(|_| format!("{text:?} is not a valid whole number"))
+        text.trim().parse().map_err(|_| format!("{text:?} is not a valid whole number (0 to {})", u32::MAX))
     }
     fn text(&self) -> String {
         self.to_string()

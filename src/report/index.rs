@@ -205,9 +205,25 @@ pub(super) fn add_row(dir: &Path, row: IndexRow) -> Result<PathBuf, String> {
 /// become one run, and `out/index.html` is written. Returns the number of
 /// rows of that merged run.
 pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
+    // Copying a folder's files onto themselves truncates them, and rows
+    // read from the output would be merged with what is written there.
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if let Some(input) = inputs.iter().find(|input| same(input, out)) {
+        return Err(format!(
+            "the output folder {} is also an input ({}): merge into a new folder",
+            out.display(),
+            input.display()
+        ));
+    }
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let merged_run = format!("merged-{}", std::process::id());
-    let mut by_stem: BTreeMap<String, IndexRow> = Default::default();
+    // Each report's row with the folder it came from: the newest row wins,
+    // and its own files go with it, so the row and the JSON, page and plot
+    // it links always describe one run.
+    let mut by_stem: BTreeMap<String, (IndexRow, &Path)> = Default::default();
     for input in inputs {
         let rows_path = input.join("index.rows");
         if !rows_path.is_file() {
@@ -215,26 +231,28 @@ pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String
         }
         let rows = read_rows(&rows_path)?;
         let latest_run = rows.iter().max_by_key(|r| r.written_at).map(|r| r.run.clone());
-        for entry in std::fs::read_dir(input).map_err(|e| format!("cannot list {}: {e}", input.display()))? {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            let is_report = path.extension().is_some_and(|e| e == "json" || e == "html" || e == "svg");
-            let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-            if is_report && name != "index.html" {
-                std::fs::copy(&path, out.join(&name)).map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
-            }
-        }
         for mut row in rows {
             if Some(&row.run) == latest_run.as_ref() {
                 row.run = merged_run.clone();
             }
             match by_stem.get(&row.stem) {
-                Some(kept) if kept.written_at > row.written_at => {}
+                Some((kept, _)) if kept.written_at > row.written_at => {}
                 _ => {
-                    by_stem.insert(row.stem.clone(), row);
+                    by_stem.insert(row.stem.clone(), (row, input.as_path()));
                 }
             }
         }
     }
+    for (stem, (_, folder)) in &by_stem {
+        for extension in ["json", "html", "svg"] {
+            let from = folder.join(format!("{stem}.{extension}"));
+            if from.is_file() {
+                std::fs::copy(&from, out.join(format!("{stem}.{extension}")))
+                    .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+            }
+        }
+    }
+    let by_stem: BTreeMap<String, IndexRow> = by_stem.into_iter().map(|(stem, (row, _))| (stem, row)).collect();
     let rows: Vec<IndexRow> = by_stem.into_values().collect();
     write_compacted(out, &rows, &merged_run)?;
     Ok(rows.iter().filter(|r| r.run == merged_run).count())

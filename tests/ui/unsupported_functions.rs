@@ -10,3 +10,9 @@ fn generic<T>() {}
 fn two_devices(_a: tch::Device, _b: tch::Device) {}
 
 fn main() {}
+
+#[gpu_leak_test]
+unsafe fn unsafe_test() {}
+
+#[gpu_leak_test]
+extern "C" fn extern_test() {}
