@@ -40,29 +40,9 @@
 
 namespace {
 
-char* copy_string(const std::string& text) {
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, text.c_str(), text.size() + 1);
-  }
-  return out;
-}
-
-}  // namespace
-
-#ifdef GLT_CUDA_TRACE
-namespace {
-
-// Executable code of one loaded library, found once CUDA is loaded.
-struct CodeRange {
-  uintptr_t start = 0;
-  uintptr_t end = 0;
-  bool contains(uintptr_t address) const { return address >= start && address < end; }
-};
-
 // The span of an object's executable segments.
-CodeRange executable_range(const struct dl_phdr_info* object) {
-  CodeRange range{UINTPTR_MAX, 0};
+glt::CodeRange executable_range(const struct dl_phdr_info* object) {
+  glt::CodeRange range{UINTPTR_MAX, 0};
   for (int i = 0; i < object->dlpi_phnum; ++i) {
     const auto& segment = object->dlpi_phdr[i];
     if (segment.p_type == PT_LOAD && (segment.p_flags & PF_X) != 0) {
@@ -71,12 +51,13 @@ CodeRange executable_range(const struct dl_phdr_info* object) {
       range.end = from + segment.p_memsz > range.end ? from + segment.p_memsz : range.end;
     }
   }
-  return range.end != 0 ? range : CodeRange{};
+  return range.end != 0 ? range : glt::CodeRange{};
 }
 
-// The code of the loaded library whose path contains `library`, or of the
-// object holding `address` (library == nullptr).
-CodeRange code_of(const char* library, uintptr_t address = 0) {
+}  // namespace
+
+namespace glt {
+CodeRange code_of(const char* library, uintptr_t address) {
   struct Search {
     const char* library;
     uintptr_t address;
@@ -97,6 +78,15 @@ CodeRange code_of(const char* library, uintptr_t address = 0) {
       &search);
   return search.range;
 }
+}  // namespace glt
+
+using glt::copy_string;
+
+#ifdef GLT_CUDA_TRACE
+namespace {
+
+using glt::code_of;
+using glt::CodeRange;
 
 CodeRange cuda_allocator_code;  // libc10_cuda.so
 CodeRange torch_cuda_code;      // libtorch_cuda.so
@@ -248,6 +238,12 @@ void record_free(uint64_t key) {
   glt::report_process_event(address, -entry.bytes, entry.device_type, entry.index);
 }
 
+// A call that returns `*dptr`, `bytesize` long, on the current device.
+template <typename Params>
+void record_device_allocation(const Params* p) {
+  record_allocation(*p->dptr, static_cast<int64_t>(p->bytesize), false, current_device());
+}
+
 // Called by CUPTI on the calling thread. It must not throw: CUPTI is C.
 void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) noexcept {
   if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
@@ -261,33 +257,25 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
   const void* params = call->functionParams;
   try {
     switch (id) {
-      case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2: {
-        auto* p = static_cast<const cuMemAlloc_v2_params*>(params);
-        record_allocation(*p->dptr, static_cast<int64_t>(p->bytesize), false, current_device());
+      case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2:
+        record_device_allocation(static_cast<const cuMemAlloc_v2_params*>(params));
         break;
-      }
       case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2: {
         auto* p = static_cast<const cuMemAllocPitch_v2_params*>(params);
         record_allocation(*p->dptr, static_cast<int64_t>(*p->pPitch * p->Height), false, current_device());
         break;
       }
-      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged: {
-        auto* p = static_cast<const cuMemAllocManaged_params*>(params);
-        record_allocation(*p->dptr, static_cast<int64_t>(p->bytesize), false, current_device());
+      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged:
+        record_device_allocation(static_cast<const cuMemAllocManaged_params*>(params));
         break;
-      }
       case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync:
-      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz: {
-        auto* p = static_cast<const cuMemAllocAsync_params*>(params);
-        record_allocation(*p->dptr, static_cast<int64_t>(p->bytesize), false, current_device());
+      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz:
+        record_device_allocation(static_cast<const cuMemAllocAsync_params*>(params));
         break;
-      }
       case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync:
-      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz: {
-        auto* p = static_cast<const cuMemAllocFromPoolAsync_params*>(params);
-        record_allocation(*p->dptr, static_cast<int64_t>(p->bytesize), false, current_device());
+      case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz:
+        record_device_allocation(static_cast<const cuMemAllocFromPoolAsync_params*>(params));
         break;
-      }
       case CUPTI_DRIVER_TRACE_CBID_cuMemCreate: {
         auto* p = static_cast<const cuMemCreate_params*>(params);
         bool on_device = p->prop != nullptr && p->prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;

@@ -18,11 +18,8 @@
 // caching allocator allocates for its own books (see below).
 #include <c10/util/ThreadLocalDebugInfo.h>
 
-#include <link.h>
 #include <malloc.h>
 #include <sys/mman.h>
-
-#include <cstring>
 
 #include <cstdlib>
 #include <new>
@@ -335,27 +332,11 @@ std::atomic<int> host_objects_observed{0};
 namespace glt {
 void leave_out_cuda_allocator() {
   if (c10_cuda_end.load(std::memory_order_acquire) == 0) {
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, size_t, void*) -> int {
-          if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "libc10_cuda.so") == nullptr) {
-            return 0;
-          }
-          uintptr_t start = UINTPTR_MAX, end = 0;
-          for (int i = 0; i < info->dlpi_phnum; ++i) {
-            const auto& segment = info->dlpi_phdr[i];
-            if (segment.p_type == PT_LOAD && (segment.p_flags & PF_X) != 0) {
-              uintptr_t from = info->dlpi_addr + segment.p_vaddr;
-              start = from < start ? from : start;
-              end = from + segment.p_memsz > end ? from + segment.p_memsz : end;
-            }
-          }
-          if (end != 0) {
-            c10_cuda_start.store(start, std::memory_order_relaxed);
-            c10_cuda_end.store(end, std::memory_order_release);
-          }
-          return 1;
-        },
-        nullptr);
+    CodeRange code = code_of("libc10_cuda.so");
+    if (code.end != 0) {
+      c10_cuda_start.store(code.start, std::memory_order_relaxed);
+      c10_cuda_end.store(code.end, std::memory_order_release);
+    }
   }
 }
 }  // namespace glt

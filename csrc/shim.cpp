@@ -34,8 +34,7 @@
 #include <mutex>
 #include <string>
 
-namespace {
-
+namespace glt {
 char* copy_string(const std::string& text) {
   char* out = static_cast<char*>(std::malloc(text.size() + 1));
   if (out != nullptr) {
@@ -43,6 +42,11 @@ char* copy_string(const std::string& text) {
   }
   return out;
 }
+}  // namespace glt
+
+namespace {
+
+using glt::copy_string;
 
 // Runs `body`; on a C++ exception returns its message (without c10's long
 // C++ backtrace), otherwise nullptr.

@@ -1,10 +1,28 @@
-// What shim.cpp shares with host_objects.cpp: where C++ heap events go.
+// What shim.cpp, host_objects.cpp and driver_calls.cpp share: where C++
+// heap and driver events go, and two helpers.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 namespace glt {
+
+// A copy of `text` on the malloc heap, for the Rust side to free with
+// glt_free_string (shim.cpp).
+char* copy_string(const std::string& text);
+
+// Executable code of one loaded object.
+struct CodeRange {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  bool contains(uintptr_t address) const { return address >= start && address < end; }
+};
+
+// The code of the loaded library whose path contains `library`, or of the
+// object holding `address` (library == nullptr); empty where none is
+// loaded (driver_calls.cpp).
+CodeRange code_of(const char* library, uintptr_t address = 0);
 
 // The device type the Rust side reads as "libtorch's host objects": the C++
 // heap, counted through the replaceable operator new (host_objects.cpp).
