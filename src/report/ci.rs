@@ -8,7 +8,8 @@
 //! print, so there the `gpu-leak-test-annotate` step prints them from the
 //! reports after the run. Each test appends its own summary row under
 //! either runner.
-use super::{bytes, Report};
+use super::format::per_iteration_bytes;
+use super::Report;
 use crate::verdict::Verdict;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -62,10 +63,7 @@ pub fn place(report: &Report, workspace: &Path) -> Option<(String, u32)> {
 pub fn headline(report: &Report) -> String {
     let place = super::text::place(report);
     match &report.verdict {
-        Verdict::Leak(leak) => {
-            let per_iteration = bytes(leak.bytes_per_iteration.max(0.0).round() as u64);
-            format!("leak: {per_iteration} per iteration on {place}")
-        }
+        Verdict::Leak(leak) => format!("leak: {} per iteration on {place}", per_iteration_bytes(leak.bytes_per_iteration)),
         other => format!("{} on {place}", other.label()),
     }
 }
@@ -86,7 +84,7 @@ pub fn annotation(report: &Report, workspace: &Path) -> Option<String> {
 /// The job summary's row for a failing report.
 pub fn summary_row(report: &Report, workspace: &Path) -> String {
     let verdict = match &report.verdict {
-        Verdict::Leak(leak) => format!("leak, {} per iteration", bytes(leak.bytes_per_iteration.max(0.0).round() as u64)),
+        Verdict::Leak(leak) => format!("leak, {} per iteration", per_iteration_bytes(leak.bytes_per_iteration)),
         other => other.label().to_string(),
     };
     let site = place(report, workspace).map(|(file, line)| format!("`{file}:{line}`")).unwrap_or_default();

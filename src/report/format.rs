@@ -27,6 +27,12 @@ pub(crate) fn escape_markup(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// A rate of bytes per iteration as [`bytes`] shows it, rounded to whole
+/// bytes (a shrinking rate shows as 0 B).
+pub(crate) fn per_iteration_bytes(rate: f64) -> String {
+    bytes(rate.round().max(0.0) as u64)
+}
+
 /// `512` → `"512 B"`, `2_621_440` → `"2.50 MiB (2,621,440 B)"`.
 pub fn bytes(value: u64) -> String {
     const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];

@@ -281,7 +281,7 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         escape(&r.device),
         escape(&verdict) + if current { "" } else { " (stale)" },
         super::signed_bytes(r.retained_growth_bytes),
-        r.bytes_per_iteration.map(|b| super::bytes(b.round().max(0.0) as u64)).unwrap_or_default(),
+        r.bytes_per_iteration.map(super::format::per_iteration_bytes).unwrap_or_default(),
         super::bytes(r.peak_bytes.max(0) as u64),
         escape(r.site.as_deref().unwrap_or("")),
         escape(&r.stem),

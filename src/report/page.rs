@@ -3,7 +3,7 @@
 //! retained bytes stacked by allocation site over the attribution
 //! iterations (so you see which line grows), a marker where the body
 //! failed, the sites with expandable stacks, and the retained tensors.
-use super::format::{device_name, escape_markup as escape};
+use super::format::{device_name, escape_markup as escape, per_iteration_bytes};
 use super::{bytes, signed_bytes, svg, Report};
 use crate::verdict::Verdict;
 use std::fmt::Write;
@@ -183,7 +183,7 @@ fn sites(report: &Report, html: &mut String) {
             html,
             "<tr class=\"site\"><td><span style=\"color:{color}\">&#9632;</span></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>stack</summary><pre>{}</pre></details></td></tr>",
             bytes(site.bytes),
-            bytes(site.bytes_per_iteration.round().max(0.0) as u64),
+            per_iteration_bytes(site.bytes_per_iteration),
             site.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             escape(&site.layer.name()),
             escape(&site.description),

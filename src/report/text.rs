@@ -1,5 +1,5 @@
 //! The human-readable report: the panic message of a failing leak test.
-use super::format::{bytes, device_name, signed_bytes, thousands};
+use super::format::{bytes, device_name, per_iteration_bytes, signed_bytes, thousands};
 use super::{Report, Sample};
 use crate::verdict::{Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
@@ -71,7 +71,7 @@ pub(crate) fn passing_line(report: &Report) -> String {
         Verdict::WithinThreshold { retained_bytes, bytes_per_iteration } => format!(
             "passed: grew {} ({} per iteration), within the threshold of {}",
             bytes((*retained_bytes).max(0) as u64),
-            bytes(bytes_per_iteration.round().max(0.0) as u64),
+            per_iteration_bytes(*bytes_per_iteration),
             bytes(report.settings.threshold_bytes)
         ),
         Verdict::Bounded { period: Some(p), .. } => {
@@ -82,7 +82,7 @@ pub(crate) fn passing_line(report: &Report) -> String {
         }
         Verdict::Suppressed { bytes_per_iteration, .. } => format!(
             "passed: a leak of {} per iteration, all at sites suppressed in gpu-leak-test.yaml",
-            bytes(bytes_per_iteration.round().max(0.0) as u64)
+            per_iteration_bytes(*bytes_per_iteration)
         ),
         other => other.label().to_string(),
     };
@@ -128,7 +128,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 bytes(leak.retained_bytes.max(0) as u64),
                 leak.iterations.min(s.iterations),
                 if confirmation > 0 { format!(" and {confirmation} confirmation iterations") } else { String::new() },
-                bytes(leak.bytes_per_iteration.round() as u64),
+                per_iteration_bytes(leak.bytes_per_iteration),
                 bytes(s.threshold_bytes)
             );
             let _ = writeln!(
@@ -164,7 +164,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                  StorageImpl, handle) of the tensors kept by the leak beside it, so part of that leak, not a \
                  second cause.",
                 bytes((*retained_bytes).max(0) as u64),
-                bytes(bytes_per_iteration.round().max(0.0) as u64)
+                per_iteration_bytes(*bytes_per_iteration)
             );
         }
         Verdict::Plateau { bytes: kept, settled_at } => {
@@ -181,7 +181,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 out,
                 "  Grew {} ({} per iteration), at or under the threshold of {}.",
                 bytes((*retained_bytes).max(0) as u64),
-                bytes(bytes_per_iteration.round().max(0.0) as u64),
+                per_iteration_bytes(*bytes_per_iteration),
                 bytes(s.threshold_bytes)
             );
         }
@@ -207,7 +207,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 "  {} retained over {} measured iterations ({} per iteration), all at sites suppressed in gpu-leak-test.yaml.",
                 bytes((*retained_bytes).max(0) as u64),
                 s.iterations,
-                bytes(bytes_per_iteration.round() as u64)
+                per_iteration_bytes(*bytes_per_iteration)
             );
         }
         Verdict::PeakOverBudget { peak_bytes, budget_bytes } => {
@@ -291,7 +291,7 @@ fn attribution_lines(report: &Report, out: &mut String) {
             "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
             bytes(site.bytes),
             thousands(site.allocations as u64),
-            bytes(site.bytes_per_iteration.round() as u64),
+            per_iteration_bytes(site.bytes_per_iteration),
             ranges(&site.iterations),
             site.description,
         );
