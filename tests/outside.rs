@@ -6,6 +6,7 @@ mod common;
 
 use common::{cuda_device_or_skip, LineMark};
 use gpu_leak_test::{Layer, Report, Verdict};
+use std::cell::RefCell;
 use std::ffi::{c_int, c_void, CString};
 use tch::{Device, Kind, Tensor};
 
@@ -99,29 +100,40 @@ fn assert_leak_at(report: &Report, layer: Layer, line: &str) {
     assert!(named.contains(&Some(line)), "call site {line} not in {named:?}\n{report}");
 }
 
+/// Runs the iteration `setup` returns as a leak test on `cuda:index`, in
+/// each scope, and checks each report; located at the caller.
+#[track_caller]
+fn in_each_scope<I: FnMut()>(name: &str, index: usize, mut setup: impl FnMut() -> I, mut check: impl FnMut(&str, &Report)) {
+    for scope in SCOPES {
+        let report = common::located(name)
+            .device(Device::Cuda(index))
+            .scope(common::scope(scope))
+            .run_with_setup(|_| setup())
+            .unwrap();
+        println!("{report}\n");
+        check(scope, &report);
+    }
+}
+
 #[test]
 fn raw_driver_allocations_kept_each_iteration_fail_naming_the_call() {
     let Some(index) = cuda_with_driver_calls("raw_driver_allocations_kept_each_iteration_fail_naming_the_call") else {
         return;
     };
     let driver = Driver::load();
-    for scope in SCOPES {
-        let mark = LineMark::default();
-        let mut kept = Vec::new();
-        let report = common::located("raw_driver_allocations_kept")
-            .device(tch::Device::Cuda(index))
-            .scope(common::scope(scope))
-            .run(|_| {
-                driver.bind(index);
-                mark.set(line!() + 1);
-                kept.push(driver.device_block(RAW_BYTES));
-            })
-            .unwrap();
-        println!("{report}\n");
-        kept.drain(..).for_each(|block| unsafe {
+    let (mark, kept) = (LineMark::default(), RefCell::new(Vec::new()));
+    let keep = || {
+        || {
+            driver.bind(index);
+            mark.set(line!() + 1);
+            kept.borrow_mut().push(driver.device_block(RAW_BYTES));
+        }
+    };
+    in_each_scope("raw_driver_allocations_kept", index, keep, |scope, report| {
+        kept.borrow_mut().drain(..).for_each(|block| unsafe {
             (driver.free)(block);
         });
-        assert_leak_at(&report, Layer::OutsideLibtorch(Device::Cuda(index)), &mark.location(FILE));
+        assert_leak_at(report, Layer::OutsideLibtorch(Device::Cuda(index)), &mark.location(FILE));
         let Verdict::Leak(leak) = &report.verdict else { unreachable!() };
         assert_eq!(leak.bytes_per_iteration, RAW_BYTES as f64, "{report}");
         let judged = report.judged(Layer::OutsideLibtorch(Device::Cuda(index))).unwrap();
@@ -129,32 +141,29 @@ fn raw_driver_allocations_kept_each_iteration_fail_naming_the_call() {
         assert!(report.to_string().contains("outside libtorch"), "{report}");
         // The tensors of the device stay clean: the leak is not libtorch's.
         assert!(!report.judged(Layer::Tensors(Device::Cuda(index))).unwrap().verdict.is_failure(), "{report}");
-    }
+    });
 }
 
 #[test]
 fn raw_driver_allocations_freed_each_iteration_pass() {
     let Some(index) = cuda_with_driver_calls("raw_driver_allocations_freed_each_iteration_pass") else { return };
     let driver = Driver::load();
-    for scope in SCOPES {
-        let report = common::located("raw_driver_allocations_freed")
-            .device(tch::Device::Cuda(index))
-            .scope(common::scope(scope))
-            .run(|_| {
-                driver.bind(index);
-                let block = driver.device_block(RAW_BYTES);
-                let host = driver.host_block(64 << 10);
-                // SAFETY: blocks this iteration allocated.
-                unsafe {
-                    (driver.free)(block);
-                    (driver.free_host)(host);
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
+    let allocate_and_free = || {
+        || {
+            driver.bind(index);
+            let block = driver.device_block(RAW_BYTES);
+            let host = driver.host_block(64 << 10);
+            // SAFETY: blocks this iteration allocated.
+            unsafe {
+                (driver.free)(block);
+                (driver.free_host)(host);
+            }
+        }
+    };
+    in_each_scope("raw_driver_allocations_freed", index, allocate_and_free, |_, report| {
         assert!(report.passed(), "{report}");
         assert!(report.judged(Layer::OutsideLibtorch(Device::Cuda(index))).is_some(), "the layer is judged:\n{report}");
-    }
+    });
 }
 
 #[test]
@@ -163,66 +172,52 @@ fn raw_pinned_host_blocks_kept_fail_on_the_cpu_outside_libtorch() {
         return;
     };
     let driver = Driver::load();
-    for scope in SCOPES {
-        let mark = LineMark::default();
-        let mut kept = Vec::new();
-        let report = common::located("raw_pinned_host_blocks_kept")
-            .device(tch::Device::Cuda(index))
-            .scope(common::scope(scope))
-            .run(|_| {
-                driver.bind(index);
-                mark.set(line!() + 1);
-                kept.push(driver.host_block(64 << 10));
-            })
-            .unwrap();
-        println!("{report}\n");
-        kept.drain(..).for_each(|block| unsafe {
+    let (mark, kept) = (LineMark::default(), RefCell::new(Vec::new()));
+    let keep = || {
+        || {
+            driver.bind(index);
+            mark.set(line!() + 1);
+            kept.borrow_mut().push(driver.host_block(64 << 10));
+        }
+    };
+    in_each_scope("raw_pinned_host_blocks_kept", index, keep, |_, report| {
+        kept.borrow_mut().drain(..).for_each(|block| unsafe {
             (driver.free_host)(block);
         });
-        assert_leak_at(&report, Layer::OutsideLibtorch(Device::Cpu), &mark.location(FILE));
-    }
+        assert_leak_at(report, Layer::OutsideLibtorch(Device::Cpu), &mark.location(FILE));
+    });
 }
 
 #[test]
 fn kept_pinned_copies_fail_naming_their_line() {
     let Some(index) = cuda_with_driver_calls("kept_pinned_copies_fail_naming_their_line") else { return };
     let device = Device::Cuda(index);
-    for scope in SCOPES {
-        let mark = LineMark::default();
-        let mut kept = Vec::new();
-        let report = common::located("kept_pinned_copies")
-            .device(tch::Device::Cuda(index))
-            .scope(common::scope(scope))
-            .run(|_| {
-                let out = Tensor::randn([64, 256], (Kind::Float, device));
-                mark.set(line!() + 1);
-                kept.push(out.to_device(Device::Cpu).pin_memory(device));
-            })
-            .unwrap();
-        println!("{report}\n");
-        assert_leak_at(&report, Layer::Tensors(Device::Cpu), &mark.location(FILE));
-    }
+    let (mark, kept) = (LineMark::default(), RefCell::new(Vec::new()));
+    let keep = || {
+        || {
+            let out = Tensor::randn([64, 256], (Kind::Float, device));
+            mark.set(line!() + 1);
+            kept.borrow_mut().push(out.to_device(Device::Cpu).pin_memory(device));
+        }
+    };
+    in_each_scope("kept_pinned_copies", index, keep, |_, report| {
+        kept.borrow_mut().clear();
+        assert_leak_at(report, Layer::Tensors(Device::Cpu), &mark.location(FILE));
+    });
 }
 
 #[test]
 fn a_reused_pinned_staging_buffer_passes() {
     let Some(index) = cuda_with_driver_calls("a_reused_pinned_staging_buffer_passes") else { return };
     let device = Device::Cuda(index);
-    for scope in SCOPES {
-        let report = common::located("reused_pinned_staging")
-            .device(tch::Device::Cuda(index))
-            .scope(common::scope(scope))
-            .run_with_setup(|_| {
-                let mut staging = Tensor::zeros([64, 256], (Kind::Float, Device::Cpu)).pin_memory(device);
-                move || {
-                    let out = Tensor::randn([64, 256], (Kind::Float, device));
-                    staging.copy_(&out);
-                    // A fresh pinned copy dropped each step reuses the cached block.
-                    let _copy = out.to_device(Device::Cpu).pin_memory(device);
-                }
-            })
-            .unwrap();
-        println!("{report}\n");
-        assert!(report.passed(), "{report}");
-    }
+    let staged = || {
+        let mut staging = Tensor::zeros([64, 256], (Kind::Float, Device::Cpu)).pin_memory(device);
+        move || {
+            let out = Tensor::randn([64, 256], (Kind::Float, device));
+            staging.copy_(&out);
+            // A fresh pinned copy dropped each step reuses the cached block.
+            let _copy = out.to_device(Device::Cpu).pin_memory(device);
+        }
+    };
+    in_each_scope("reused_pinned_staging", index, staged, |_, report| assert!(report.passed(), "{report}"));
 }
