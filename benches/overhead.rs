@@ -25,7 +25,8 @@
 //!    half the window, in every phase.
 //!
 //! Sections can be named to run only them: `overhead --bench heavy step`
-//! (the names are in `SECTIONS`).
+//! (the names are in `SECTIONS`); `--runs=10000` sets the clean runs of the
+//! false-alarm section, and each false alarm prints its seed and report.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -455,7 +456,7 @@ fn sensitivity(device: Device, name: &str) {
 }
 
 /// A clean scenario that varies everything a noisy detector trips on.
-fn varied_clean_run(name: &str, device: &str, seed: u64) -> Verdict {
+fn varied_clean_run(name: &str, device: &str, seed: u64) -> gpu_leak_test::Report {
     let mut state = seed;
     let mut next = move || {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -484,7 +485,6 @@ fn varied_clean_run(name: &str, device: &str, seed: u64) -> Verdict {
             }
         })
         .unwrap()
-        .verdict
 }
 
 /// A small xorshift generator: the benchmark's shapes are random but
@@ -592,8 +592,13 @@ fn false_alarms(device: &str, runs: usize) -> (usize, usize) {
             std::thread::spawn(move || {
                 (0..per_thread)
                     .filter(|i| {
-                        let verdict = varied_clean_run(&format!("clean_{t}_{i}"), &device, (t * 100_000 + i) as u64);
-                        verdict.is_failure()
+                        let seed = (t * 100_000 + i) as u64;
+                        let report = varied_clean_run(&format!("clean_{t}_{i}"), &device, seed);
+                        if report.verdict.is_failure() {
+                            // The seed reproduces the run's shapes (not its threads' timing).
+                            eprintln!("false alarm on {device}, seed {seed}:\n{report}\n{:?}", report.devices);
+                        }
+                        report.verdict.is_failure()
                     })
                     .count()
             })
@@ -644,6 +649,8 @@ fn main() {
     let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
     let wanted = |section: &str| named.is_empty() || named.contains(&section);
     let scale = if full { &FULL } else { &SMOKE };
+    // `--runs=N`: how many clean runs the false-alarm section makes.
+    let false_alarm_runs = args.iter().find_map(|a| a.strip_prefix("--runs=")?.parse::<usize>().ok());
     let has_cuda = cuda::is_available();
     println!("## gpu-leak-test overhead and sensitivity\n");
     println!(
@@ -691,7 +698,7 @@ fn main() {
         println!("Shapes change every iteration, a buffer is replaced every iteration, some iterations work on a helper thread, four leak tests run at once, and a thread allocates without the hook all along.\n");
         println!("| device | runs | false alarms |\n| --- | --- | --- |");
         for &device in &names {
-            let (alarms, runs) = false_alarms(device, scale.false_alarm_runs);
+            let (alarms, runs) = false_alarms(device, false_alarm_runs.unwrap_or(scale.false_alarm_runs));
             println!("| {device} | {runs} | {alarms} |");
             assert!(full || alarms == 0, "false alarms in the smoke run");
         }

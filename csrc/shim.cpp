@@ -259,6 +259,29 @@ char* glt_cuda_pinned_empty_cache() {
   });
 }
 
+// The pinned canary: takes `bytes` from libtorch's caching host allocator
+// and returns them, its cache emptied around, reading the bytes it holds
+// before, while the block is held, and after. Straight from the allocator:
+// tch's pin_memory passes a device, which libtorch 2.11 warns about once
+// per process, in every test's output.
+char* glt_cuda_pinned_canary(int64_t bytes, int64_t* before, int64_t* with, int64_t* after) {
+  return guarded([&] {
+    *before = *with = *after = 0;
+    if (torch_cuda_handle == nullptr) {
+      return;
+    }
+    at::HostAllocator* host = at::getHostAllocator(c10::DeviceType::CUDA);
+    host->empty_cache();
+    *before = host->get_stats().allocated_bytes.current;
+    {
+      c10::DataPtr block = host->allocate(static_cast<size_t>(bytes));
+      *with = host->get_stats().allocated_bytes.current;
+    }
+    host->empty_cache();
+    *after = host->get_stats().allocated_bytes.current;
+  });
+}
+
 // ---- The per-thread allocation hook -------------------------------------
 
 // Called for every allocation (size > 0) and free (size < 0) reported to the

@@ -241,8 +241,16 @@ fn is_hook_frame(frame: &Frame) -> bool {
         || f.contains("report_process_event")
         || f.contains("CountingCpuAllocator")
         || f.contains("on_cuda_trace")
+        || is_driver_callback_frame(frame)
         // The CUDA trace tracker's std::function plumbing (process scope).
         || f.contains("c10::CachingDeviceAllocator::TraceEntry const&")
+}
+
+/// The shim's CUPTI callback on a driver allocation call
+/// (csrc/driver_calls.cpp).
+fn is_driver_callback_frame(frame: &Frame) -> bool {
+    let f = frame.function.as_str();
+    f.contains("on_driver_call") || f.contains("record_allocation") || f.contains("record_device_allocation")
 }
 
 /// Keeps a stack readable: drops the hook's own frames, folds long runs of
@@ -256,6 +264,12 @@ pub fn trim_stack(frames: &[Frame]) -> Vec<Frame> {
         .take(32)
         .rposition(|f| is_hook_frame(f) || f.file.as_deref().is_some_and(stacks::is_own_source))
         .map_or(0, |i| i + 1);
+    // Below a CUPTI callback come CUPTI's and the driver's own frames,
+    // which have no symbols: begin at the caller of the driver.
+    let start = match start.checked_sub(1).map(|i| is_driver_callback_frame(&frames[i])) {
+        Some(true) => start + frames[start..].iter().take_while(|f| f.function.starts_with("<unknown at ")).count(),
+        _ => start,
+    };
     let mut out = Vec::new();
     let mut seen_user = false;
     let mut folded = 0usize;
@@ -309,6 +323,23 @@ mod tests {
         ];
         let names: Vec<String> = trim_stack(&frames).into_iter().map(|f| f.function).collect();
         assert_eq!(names, ["c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", "user::leaky::{{closure}}"]);
+    }
+
+    #[test]
+    fn trimming_starts_at_the_caller_of_the_driver_below_a_cupti_callback() {
+        let frames = [
+            frame("gpu_leak_test::probe::hook::on_event", None),
+            frame("glt::report_to_hook(void*, long, int, int)", None),
+            frame("(anonymous namespace)::record_allocation(unsigned long, long, bool, int)", None),
+            frame("(anonymous namespace)::on_driver_call(void*, CUpti_CallbackDomain, unsigned int, void const*)", None),
+            frame("<unknown at 0x7fe7db67d163>", None),
+            frame("<unknown at 0x7fe7db7215bd>", None),
+            frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", None),
+            frame("my_crate::step", Some("src/step.rs")),
+        ];
+        let trimmed = trim_stack(&frames);
+        assert_eq!(trimmed[0].function, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc");
+        assert_eq!(trimmed.last().unwrap().function, "my_crate::step");
     }
 
     #[test]

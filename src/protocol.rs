@@ -74,7 +74,7 @@ where
     };
     let coverage = observation.as_ref().map(|o| o.coverage().clone()).unwrap_or_default();
     let mut run = Run::new(test, settings, device, scope, tracker.clone(), global, &coverage);
-    run.notes = coverage_notes(scope, &coverage, &run.layers, &run.sources);
+    run.notes = coverage_notes(device, scope, &coverage, &run.layers, &run.sources);
     let hook = match scope {
         ResolvedScope::Thread => match tracker.enter() {
             Ok(hook) => Some(hook),
@@ -123,8 +123,15 @@ where
 }
 
 /// What the report says about the scope and what it could see.
-fn coverage_notes(scope: ResolvedScope, coverage: &Coverage, layers: &[Layer], sources: &[Source]) -> Vec<String> {
+fn coverage_notes(body: Device, scope: ResolvedScope, coverage: &Coverage, layers: &[Layer], sources: &[Source]) -> Vec<String> {
     let mut notes = Vec::new();
+    if body.is_cuda() && !layers.contains(&Layer::OutsideLibtorch(body)) {
+        notes.push(format!(
+            "memory allocated through the CUDA driver outside libtorch's allocators (a custom kernel's cuMemAlloc, a \
+             library's cudaHostAlloc) was not judged: {}=0 switches counting it off",
+            crate::config::DRIVER_CALLS_VAR
+        ));
+    }
     if let ResolvedScope::Process { alongside_other_tests: true } = scope {
         notes.push(
             "process scope under `cargo test`'s parallel threads: leak tests run one at a time, but other tests \
@@ -274,12 +281,14 @@ impl<'a> Run<'a> {
         self.levels.push(levels);
         if let Some(global) = &self.global {
             // The process-wide view of each layer: the observation's
-            // tracker, and the shim's own count of the C++ heap.
-            let level = |l: Layer| match l {
+            // tracker, and the shim's own count of the C++ heap. A layer
+            // counted from the allocator's driver calls on the test's
+            // threads is compared with those calls on every thread.
+            let level = |(&l, &source): (&Layer, &Source)| match l {
                 Layer::HostObjects => crate::probe::process::host_objects().0,
-                Layer::Tensors(_) | Layer::OutsideLibtorch(_) => global.layer_view(l).live_bytes,
+                Layer::Tensors(_) | Layer::OutsideLibtorch(_) => sources::view(source, l, global).live_bytes,
             };
-            self.global_levels.push(self.layers.iter().map(|&l| level(l)).collect());
+            self.global_levels.push(self.layers.iter().zip(&self.sources).map(level).collect());
         }
         self.time.sampling += started.elapsed();
         snapshot
@@ -299,10 +308,17 @@ impl<'a> Run<'a> {
     /// counts it (the allocator's statistics, where they are the source).
     fn take_snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::take(self.device, &self.tracker);
-        // The snapshot read the allocator's statistics already.
-        if let (Source::CudaStatistics, Some(allocator)) = (self.sources[self.body()], snapshot.allocator) {
-            snapshot.hook.live_bytes = allocator.allocated_bytes.current as i64;
-            snapshot.hook.peak_bytes = allocator.allocated_bytes.peak as i64;
+        let body = self.body();
+        match (self.sources[body], snapshot.allocator) {
+            // The snapshot read the allocator's statistics already.
+            (Source::CudaStatistics, Some(allocator)) => {
+                snapshot.hook.live_bytes = allocator.allocated_bytes.current as i64;
+                snapshot.hook.peak_bytes = allocator.allocated_bytes.peak as i64;
+            }
+            (Source::CudaAllocatorCalls, _) => {
+                snapshot.hook = sources::view(Source::CudaAllocatorCalls, self.layers[body], &self.tracker);
+            }
+            _ => {}
         }
         snapshot
     }
@@ -645,7 +661,7 @@ impl<'a> Run<'a> {
         }
         let threads_left_running =
             self.threads_at_start.as_ref().map(|at_start| crate::threads::left_running(at_start, &self.tracker)).unwrap_or_default();
-        let view = self.tracker.view(self.device);
+        let events = sources::events(self.sources[body], self.layers[body], &self.tracker);
         let iterations_run = samples.iter().filter(|s| s.phase != Phase::Setup).count().max(1) as f64;
         let mut report = Report {
             test: self.test.name.clone(),
@@ -686,7 +702,7 @@ impl<'a> Run<'a> {
             files: None,
             devices,
             // Setup's events are spread over the iterations too: an estimate.
-            events_per_iteration: (view.allocations + view.frees) as f64 / iterations_run,
+            events_per_iteration: events as f64 / iterations_run,
             hints: Vec::new(),
             notes: self.notes,
             host_heap_growth_per_iteration: host_heap_growth,

@@ -384,6 +384,10 @@ fn row6_empty_cache_lowers_reserved_not_allocated(device: &str) {
         println!("row 6 on {device}: libtorch keeps no CPU cache; empty_cache() applies to CUDA only\n");
         return;
     };
+    if !common::cuda_tensors_are_cached_blocks() {
+        println!("row 6 on {device}: skipped: no caching allocator serves CUDA tensors here, so there is no cache to empty\n");
+        return;
+    }
     let index = index as usize;
     let device = Device::Cuda(index);
     let referenced = input(device);
@@ -421,7 +425,9 @@ fn row7_resetting_peak_statistics_frees_nothing(device: &str) {
     show(&report);
     assert_leak(&report, &mark.location(FILE), allocated_size(device, ACTIVATION_BYTES));
 
-    if let Device::Cuda(index) = report.device {
+    if !common::cuda_tensors_are_cached_blocks() {
+        println!("row 7: the statistics' part skipped: no caching allocator serves CUDA tensors here\n");
+    } else if let Device::Cuda(index) = report.device {
         let held = Tensor::zeros([1 << 20], (Kind::Float, report.device));
         drop(Tensor::zeros([16 << 20], (Kind::Float, report.device)));
         probe::cuda::synchronize(index).unwrap();
@@ -582,6 +588,9 @@ fn row9_article_detect_leak_misses_row1_that_the_harness_catches(device: &str) {
         "cpu" => Device::Cpu,
         _ => Device::Cuda(0),
     };
+    // The article's monitor reads torch.cuda.memory_allocated(), which
+    // counts nothing with caching switched off.
+    let monitor_sees = device == Device::Cpu || !common::uncached();
     let tracker = Tracker::new();
     let hook = tracker.enter().unwrap();
     let unused_mark = LineMark::default();
@@ -605,7 +614,7 @@ fn row9_article_detect_leak_misses_row1_that_the_harness_catches(device: &str) {
         500.0 / (grew_mb / 999.0) / 4.0 / 1e6
     );
     assert_eq!(fired, 0, "the heuristic is blind to slow leaks");
-    assert!(grew_mb > 0.0);
+    assert!(grew_mb > 0.0 || !monitor_sees);
     drop(training_step);
     drop(hook);
 

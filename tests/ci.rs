@@ -53,7 +53,13 @@ fn a_failing_leak_test_annotates_its_line_and_adds_a_summary_row() {
 
     // Under nextest, which indents what tests print, the step after the run
     // prints the same annotation from the reports.
-    let annotate = Command::new(env!("CARGO_BIN_EXE_gpu-leak-test-annotate"))
+    // Run from a nextest archive, the build's path is gone: nextest says
+    // where the binary is now.
+    let annotate_exe = ["NEXTEST_BIN_EXE_gpu-leak-test-annotate", "NEXTEST_BIN_EXE_gpu_leak_test_annotate"]
+        .into_iter()
+        .find_map(std::env::var_os)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-leak-test-annotate").into());
+    let annotate = Command::new(annotate_exe)
         .arg(&reports)
         .env("GITHUB_WORKSPACE", &workspace)
         .output()

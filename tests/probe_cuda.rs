@@ -18,7 +18,7 @@ fn mlp(vs: &nn::Path) -> impl Module {
 
 #[test]
 fn hook_sum_over_a_training_step_equals_the_allocators_change() {
-    let Some(index) = cuda_device_or_skip("hook_sum_over_a_training_step_equals_the_allocators_change") else {
+    let Some(index) = common::caching_cuda_device_or_skip("hook_sum_over_a_training_step_equals_the_allocators_change") else {
         return;
     };
     let device = Device::Cuda(index);
@@ -68,7 +68,7 @@ fn driver_view_is_read() {
 
 #[test]
 fn clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul() {
-    let Some(index) = cuda_device_or_skip("clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul") else {
+    let Some(index) = common::caching_cuda_device_or_skip("clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul") else {
         return;
     };
     let device = Device::Cuda(index);
@@ -86,7 +86,7 @@ fn clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul() {
 
 #[test]
 fn empty_cache_and_peak_reset_touch_only_what_they_should() {
-    let Some(index) = cuda_device_or_skip("empty_cache_and_peak_reset_touch_only_what_they_should") else {
+    let Some(index) = common::caching_cuda_device_or_skip("empty_cache_and_peak_reset_touch_only_what_they_should") else {
         return;
     };
     let device = Device::Cuda(index);

@@ -13,18 +13,18 @@ use crate::error::{Error, Result};
 /// instead of skipping, so a misconfigured runner cannot pass the gate.
 pub(crate) const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
 
-/// Set to 1 to count what is allocated through the CUDA driver (CUPTI's
-/// callbacks): memory outside libtorch's allocators becomes a judged layer,
-/// and CUDA tensors are counted from libtorch's own driver calls where its
-/// allocator reports nothing else (caching off, `cudaMallocAsync` on the
-/// hook). Off until it has been verified on a GPU runner.
+/// Counting what is allocated through the CUDA driver (CUPTI's callbacks),
+/// on unless this is 0: memory outside libtorch's allocators is a judged
+/// layer, and CUDA tensors are counted from libtorch's own driver calls
+/// where its allocator reports nothing else (caching off, the
+/// `cudaMallocAsync` backend).
 pub(crate) const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
 
-/// Whether `GPU_LEAK_TEST_DRIVER_CALLS` asks for the driver's calls.
+/// Whether the driver's calls are counted: unless `GPU_LEAK_TEST_DRIVER_CALLS` says 0.
 pub(crate) fn driver_calls_enabled() -> Result<bool> {
     match env_var(DRIVER_CALLS_VAR)? {
         Some(value) => parse_bool(DRIVER_CALLS_VAR, &value),
-        None => Ok(false),
+        None => Ok(true),
     }
 }
 

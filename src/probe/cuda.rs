@@ -254,6 +254,16 @@ pub fn pinned_empty_cache() -> Result<()> {
     ffi::check("glt_cuda_pinned_empty_cache", unsafe { ffi::glt_cuda_pinned_empty_cache() })
 }
 
+/// Takes `bytes` from the pinned host allocator and returns them, its cache
+/// emptied around: the bytes it holds before, while held, and after.
+pub(crate) fn pinned_canary(bytes: i64) -> Result<(i64, i64, i64)> {
+    check_any()?;
+    let (mut before, mut with, mut after) = (0, 0, 0);
+    // SAFETY: plain out-parameters.
+    ffi::check("glt_cuda_pinned_canary", unsafe { ffi::glt_cuda_pinned_canary(bytes, &mut before, &mut with, &mut after) })?;
+    Ok((before, with, after))
+}
+
 /// Returns cached blocks that no tensor uses to the driver
 /// (`torch.cuda.empty_cache()`): reserved drops, allocated does not.
 pub fn empty_cache() -> Result<()> {

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
 static TURNED_ON: AtomicBool = AtomicBool::new(false);
 
-/// Whether the driver's calls are counted: `GPU_LEAK_TEST_DRIVER_CALLS`
-/// (off until verified on a GPU runner), or [`turn_on`]. `Err` where the
-/// variable is not a boolean.
+/// Whether the driver's calls are counted: unless
+/// `GPU_LEAK_TEST_DRIVER_CALLS=0`, or where [`turn_on`] was called. `Err`
+/// where the variable is not a boolean.
 pub(crate) fn enabled() -> crate::error::Result<bool> {
     if TURNED_ON.load(Ordering::Relaxed) {
         return Ok(true);
@@ -26,9 +26,9 @@ pub(crate) fn enabled() -> crate::error::Result<bool> {
     crate::config::driver_calls_enabled()
 }
 
-/// Counts the driver's calls in this process from now on, as
-/// `GPU_LEAK_TEST_DRIVER_CALLS=1` does: for this crate's tests of the
-/// layer, which need no variable set by hand. Not for users.
+/// Counts the driver's calls in this process from now on, whatever
+/// `GPU_LEAK_TEST_DRIVER_CALLS` says: for this crate's tests of the layer.
+/// Not for users.
 #[doc(hidden)]
 pub fn turn_on() {
     TURNED_ON.store(true, Ordering::Relaxed);

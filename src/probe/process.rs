@@ -116,12 +116,12 @@ fn attach_cuda_trace() -> std::result::Result<(), String> {
     }
 }
 
-/// Subscribes to the driver's allocation calls where CUDA is loaded and
-/// `GPU_LEAK_TEST_DRIVER_CALLS` asks for them.
+/// Subscribes to the driver's allocation calls where CUDA is loaded, unless
+/// `GPU_LEAK_TEST_DRIVER_CALLS=0`.
 fn start_driver_calls() -> std::result::Result<(), String> {
     match super::driver::enabled() {
         Ok(true) => {}
-        Ok(false) => return Err(format!("{} is not set", crate::config::DRIVER_CALLS_VAR)),
+        Ok(false) => return Err(format!("{}=0 switches counting them off", crate::config::DRIVER_CALLS_VAR)),
         Err(e) => return Err(e.to_string()),
     }
     if !super::cuda::is_loaded() {

@@ -21,16 +21,17 @@
 //!   CUDA's caching host allocator holds where CUDA is loaded (a pinned
 //!   tensor is a CPU tensor); on CUDA the
 //!   caching allocator's trace tracker where it attaches (the native and
-//!   `expandable_segments` backends), else the allocator's own device
-//!   statistics (`backend:cudaMallocAsync`: exact bytes for the whole
-//!   process, but no per-allocation events, so no sites);
-//! - with `GPU_LEAK_TEST_DRIVER_CALLS=1`, CUPTI's callbacks on the CUDA
+//!   `expandable_segments` backends), else what the allocator asks the
+//!   driver for (below; `backend:cudaMallocAsync`), and last the
+//!   allocator's own statistics (exact bytes for the whole process, but no
+//!   per-allocation events, so no sites);
+//! - unless `GPU_LEAK_TEST_DRIVER_CALLS=0`, CUPTI's callbacks on the CUDA
 //!   driver's allocation calls (see `driver.rs`): memory outside libtorch's
-//!   allocators, proved by a raw driver canary; and, where a CUDA tensor
-//!   canary is missed, what libtorch's CUDA allocator asks the driver for
-//!   (caching switched off, `cudaMallocAsync` on the hook), tried before
-//!   the device is called blind.
-use super::hook::Tracker;
+//!   allocators, proved by a raw driver canary; and what libtorch's CUDA
+//!   allocator asks the driver for, each tensor where the allocator
+//!   reports nothing else (caching switched off, `cudaMallocAsync`), tried
+//!   before the device is called blind.
+use super::hook::{HookView, Tracker};
 use super::{cuda, process::Coverage};
 use crate::layer::Layer;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -104,7 +105,20 @@ pub(crate) fn choose(layer: Layer, process_scope: bool, coverage: &Coverage) -> 
         (Layer::Tensors(Device::Cpu), true) if cuda::pinned_held_bytes().is_some() => Source::CpuAndPinnedAllocators,
         (Layer::Tensors(Device::Cpu), true) => Source::CountingCpuAllocator,
         (_, true) if coverage.cuda.is_ok() => Source::CudaTrace,
+        // Where the trace cannot attach (the cudaMallocAsync backend), the
+        // allocator's own driver calls still count each tensor, and name its
+        // site, which the statistics cannot.
+        (_, true) if coverage.driver.is_ok() => Source::CudaAllocatorCalls,
         (_, true) => Source::CudaStatistics,
+    }
+}
+
+/// The tracker's figures for `layer` as `source` counts them: what
+/// libtorch's CUDA allocator asked the driver for, or the layer's own slot.
+pub(crate) fn view(source: Source, layer: Layer, tracker: &Tracker) -> HookView {
+    match (source, layer) {
+        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => tracker.cuda_allocator_calls_view(index),
+        _ => tracker.layer_view(layer),
     }
 }
 
@@ -120,14 +134,11 @@ pub(crate) fn level(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
             tracker.layer_view(layer).live_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
         }
         (Source::OperatorNew, _) => super::process::host_objects().0,
-        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
-            tracker.cuda_allocator_calls_view(index).live_bytes
-        }
         // The hook's threads' pinned host memory is host memory too.
         (Source::Hook, Layer::Tensors(Device::Cpu)) => {
             tracker.layer_view(layer).live_bytes + tracker.pinned_view().live_bytes
         }
-        _ => tracker.layer_view(layer).live_bytes,
+        _ => view(source, layer, tracker).live_bytes,
     }
 }
 
@@ -135,12 +146,8 @@ pub(crate) fn level(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
 pub(crate) fn events(source: Source, layer: Layer, tracker: &Tracker) -> u64 {
     match (source, layer) {
         (Source::OperatorNew, _) => super::process::host_objects().1,
-        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
-            let view = tracker.cuda_allocator_calls_view(index);
-            view.allocations + view.frees
-        }
         _ => {
-            let view = tracker.layer_view(layer);
+            let view = view(source, layer, tracker);
             view.allocations + view.frees
         }
     }
@@ -158,13 +165,10 @@ pub(crate) fn peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
         }
         // The shim's sums keep no peak; no budget is set on this layer.
         (Source::OperatorNew, _) => super::process::host_objects().0,
-        (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => {
-            tracker.cuda_allocator_calls_view(index).peak_bytes
-        }
         (Source::Hook, Layer::Tensors(Device::Cpu)) => {
             tracker.layer_view(layer).peak_bytes + tracker.pinned_view().peak_bytes
         }
-        _ => tracker.layer_view(layer).peak_bytes,
+        _ => view(source, layer, tracker).peak_bytes,
     }
 }
 
@@ -212,29 +216,30 @@ pub(crate) fn prove(
     tracker: &Tracker,
     coverage: &Coverage,
 ) -> Result<Proved, String> {
-    let first = prove_one(source, layer, body, tracker, coverage);
-    let mut tried = vec![source];
-    let mut outcome = first.clone();
-    while outcome.is_err() {
-        let last = *tried.last().expect("one source tried");
-        let Some(next) = fall_back(last, layer, process_scope, coverage).filter(|next| !tried.contains(next)) else {
-            break;
-        };
-        tried.push(next);
-        outcome = prove_one(next, layer, body, tracker, coverage);
+    let mut tried = source;
+    let mut why = match prove_one(source, layer, body, tracker, coverage) {
+        Ok(added) => return Ok(Proved { source, added }),
+        // The first source's reason leads: it is the one a user sets up.
+        Err(why) => why,
+    };
+    while let Some(next) = fall_back(tried, layer, process_scope, coverage) {
+        match prove_one(next, layer, body, tracker, coverage) {
+            Ok(added) => return Ok(Proved { source: next, added }),
+            Err(blind) => why += &format!(". Next, {} was tried, and was blind too: {blind}", next.name()),
+        }
+        tried = next;
     }
-    match outcome {
-        Ok(added) => Ok(Proved { source: *tried.last().expect("one source tried"), added }),
-        Err(_) => first.map(|added| Proved { source, added }),
+    if let (Err(driver), Layer::Tensors(Device::Cuda(_)), Source::Hook | Source::CudaTrace) = (&coverage.driver, layer, source) {
+        why += &format!(". Counting what libtorch's CUDA allocator asks the driver for instead is not possible either: {driver}");
     }
+    Err(why)
 }
 
-/// The source to try on CUDA tensors after `source` was blind.
+/// The source to try on CUDA tensors after `source` was blind. The chain
+/// ends: the statistics come last.
 fn fall_back(source: Source, layer: Layer, process_scope: bool, coverage: &Coverage) -> Option<Source> {
     match (source, layer) {
-        (Source::Hook | Source::CudaTrace | Source::CudaStatistics, Layer::Tensors(Device::Cuda(_)))
-            if coverage.driver.is_ok() =>
-        {
+        (Source::Hook | Source::CudaTrace, Layer::Tensors(Device::Cuda(_))) if coverage.driver.is_ok() => {
             Some(Source::CudaAllocatorCalls)
         }
         (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(_))) if process_scope => Some(Source::CudaStatistics),
@@ -282,7 +287,7 @@ fn prove_one(source: Source, layer: Layer, body: Device, tracker: &Tracker, cove
     };
     reset_peak(source, layer, tracker);
     match (source, body) {
-        (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned(body).map(|()| added),
+        (Source::CpuAndPinnedAllocators, Device::Cuda(_)) => prove_pinned().map(|()| added),
         _ => Ok(added),
     }
 }
@@ -343,22 +348,17 @@ fn prove_driver_calls(
 /// counts the bytes it holds, so the proof is a block made and returned:
 /// its cache is emptied around a pinned canary, which must raise the count
 /// and, emptied again, lower it.
-fn prove_pinned(cuda: Device) -> Result<(), String> {
-    let held = || cuda::pinned_held_bytes().map_or(0, |s| s.current as i64);
+fn prove_pinned() -> Result<(), String> {
     for _ in 0..3 {
-        let _ = cuda::pinned_empty_cache();
-        let before = held();
-        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, Device::Cpu)).pin_memory(cuda);
-        let with = held();
-        drop(canary);
-        let _ = cuda::pinned_empty_cache();
-        if with - before >= CANARY_BYTES && with - held() >= CANARY_BYTES {
-            return Ok(());
+        if let Ok((before, with, after)) = cuda::pinned_canary(CANARY_BYTES) {
+            if with - before >= CANARY_BYTES && with - after >= CANARY_BYTES {
+                return Ok(());
+            }
         }
     }
     Err(format!(
-        "before the body ran, a {CANARY_BYTES} B pinned canary tensor (pin_memory) was not seen by the pinned host \
-         allocator's statistics"
+        "before the body ran, a {CANARY_BYTES} B pinned canary block taken from libtorch's pinned host allocator was \
+         not seen by its statistics"
     ))
 }
 
@@ -384,6 +384,13 @@ fn host_objects_blind_reason(source: Source) -> String {
 
 /// Why `source` missed the canary on `device`, and what to do.
 fn blind_reason(source: Source, device: Device, coverage: &Coverage) -> String {
+    if source == Source::CudaAllocatorCalls && super::driver::is_switched_off() {
+        return format!(
+            "before the body ran, a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}: the driver's \
+             calls were switched off for a test (gpu_leak_test::internals::probe::driver::switch_off)",
+            source.name()
+        );
+    }
     if is_switched_off(device) {
         return format!(
             "before the body ran, a {CANARY_BYTES} B canary tensor allocated on it was not seen by {}: the source \
@@ -478,6 +485,7 @@ mod tests {
         assert_eq!(fall_back(Source::Hook, cuda, false, &counted), Some(Source::CudaAllocatorCalls));
         assert_eq!(fall_back(Source::CudaTrace, cuda, true, &counted), Some(Source::CudaAllocatorCalls));
         assert_eq!(fall_back(Source::CudaAllocatorCalls, cuda, true, &counted), Some(Source::CudaStatistics));
+        assert_eq!(fall_back(Source::CudaStatistics, cuda, true, &counted), None);
         // The hook's threads have no statistics of their own, and nothing
         // else falls back: the first source's reason stands.
         assert_eq!(fall_back(Source::CudaAllocatorCalls, cuda, false, &counted), None);
@@ -492,5 +500,14 @@ mod tests {
         assert_eq!(choose(outside, true, &coverage(true)), Source::DriverCalls);
         assert_eq!(choose(outside, false, &coverage(true)), Source::Hook);
         assert!(Source::DriverCalls.attributable() && Source::CudaAllocatorCalls.attributable());
+    }
+
+    #[test]
+    fn where_the_trace_cannot_attach_cuda_tensors_are_counted_by_the_allocators_driver_calls_before_its_statistics() {
+        let cuda = Layer::Tensors(Device::Cuda(0));
+        let untraced = |driver| Coverage { cuda: Err("cudaMallocAsync".into()), ..coverage(driver) };
+        assert_eq!(choose(cuda, true, &coverage(true)), Source::CudaTrace);
+        assert_eq!(choose(cuda, true, &untraced(true)), Source::CudaAllocatorCalls);
+        assert_eq!(choose(cuda, true, &untraced(false)), Source::CudaStatistics);
     }
 }

@@ -26,13 +26,38 @@ pub fn located(name: &str) -> gpu_leak_test::LeakTest {
 /// again under `backend:cudaMallocAsync` and with caching off, where each
 /// tensor is its own driver allocation of the size asked for).
 pub fn allocated_size(device: &str, bytes: u64) -> u64 {
-    let backend = || gpu_leak_test::internals::probe::cuda::allocator_backend().unwrap_or_default();
-    let uncached = std::env::var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0");
-    if device.starts_with("cuda") && backend() != "cudaMallocAsync" && !uncached {
+    if device.starts_with("cuda") && cuda_tensors_are_cached_blocks() {
         bytes.div_ceil(512) * 512
     } else {
         bytes
     }
+}
+
+/// Whether CUDA tensors are blocks of libtorch's native caching allocator,
+/// which reports each one to the per-thread hook and keeps the statistics
+/// the article's rows are about: not under `backend:cudaMallocAsync`, nor
+/// with `PYTORCH_NO_CUDA_MEMORY_CACHING` set.
+pub fn cuda_tensors_are_cached_blocks() -> bool {
+    let backend = gpu_leak_test::internals::probe::cuda::allocator_backend().unwrap_or_default();
+    backend != "cudaMallocAsync" && !uncached()
+}
+
+/// Whether `PYTORCH_NO_CUDA_MEMORY_CACHING` switches CUDA caching off: each
+/// tensor is then a raw cudaMalloc, and the allocator's statistics stay 0.
+pub fn uncached() -> bool {
+    std::env::var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0")
+}
+
+/// The CUDA device for a test of the native caching allocator itself (its
+/// blocks, cache and statistics), or `None` after a skip line where another
+/// backend serves tensors (see [`cuda_tensors_are_cached_blocks`]).
+pub fn caching_cuda_device_or_skip(test: &str) -> Option<usize> {
+    let index = cuda_device_or_skip(test)?;
+    if cuda_tensors_are_cached_blocks() {
+        return Some(index);
+    }
+    println!("{test}: skipped: libtorch's native caching allocator does not serve CUDA tensors here (backend:cudaMallocAsync or PYTORCH_NO_CUDA_MEMORY_CACHING), and this test is about it");
+    None
 }
 
 /// False where the source that judged the verdict's device sees totals,
