@@ -177,15 +177,19 @@ enum Variant {
     /// new reports nothing): what that layer costs, in the same run.
     CountingTensorsOnly,
     ProcessTensorsOnly,
+    /// Process scope without CUPTI's callbacks on the driver's allocation
+    /// calls (`GPU_LEAK_TEST_DRIVER_CALLS=0`): what that layer costs.
+    ProcessWithoutDriverCalls,
 }
 
-const VARIANTS: [Variant; 6] = [
+const VARIANTS: [Variant; 7] = [
     Variant::Plain,
     Variant::Counting,
     Variant::Process,
     Variant::Attribution,
     Variant::CountingTensorsOnly,
     Variant::ProcessTensorsOnly,
+    Variant::ProcessWithoutDriverCalls,
 ];
 
 /// Runs `f` under `variant`, as a leak test would run its body: the sources
@@ -193,7 +197,9 @@ const VARIANTS: [Variant; 6] = [
 fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     let tensors_only = matches!(variant, Variant::CountingTensorsOnly | Variant::ProcessTensorsOnly);
     gpu_leak_test::internals::probe::sources::switch_off_host_objects(tensors_only);
-    let observation = matches!(variant, Variant::Process | Variant::ProcessTensorsOnly).then(|| Observation::open(true).unwrap());
+    gpu_leak_test::internals::probe::driver::force((variant == Variant::ProcessWithoutDriverCalls).then_some(false));
+    let observation = matches!(variant, Variant::Process | Variant::ProcessTensorsOnly | Variant::ProcessWithoutDriverCalls)
+        .then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
     let hook =
         matches!(variant, Variant::Counting | Variant::Attribution | Variant::CountingTensorsOnly).then(|| tracker.enter().unwrap());
@@ -205,6 +211,7 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     drop(hook);
     drop(observation);
     gpu_leak_test::internals::probe::sources::switch_off_host_objects(false);
+    gpu_leak_test::internals::probe::driver::force(None);
     value
 }
 
@@ -307,6 +314,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
         "attribution forced on (stack per allocation)",
         "thread scope without libtorch's host objects",
         "process scope without libtorch's host objects",
+        "process scope without the CUDA driver's calls (CUPTI)",
     ];
     for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (median, min, max) = summary(r);
@@ -381,6 +389,7 @@ fn event_costs(device: Device, scale: &Scale) {
         "attribution: the above in thread scope, plus a stack per allocation",
         "thread scope without libtorch's host objects",
         "process scope without libtorch's host objects",
+        "process scope without the CUDA driver's calls (CUPTI)",
     ];
     for (name, ns) in names.into_iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);
@@ -533,15 +542,18 @@ fn bounded_shape_alarms(device: &str, runs: usize) -> (usize, usize) {
     let mut alarms = 0;
     for run in 0..runs {
         let elements = 1 + random.below(512) as i64;
-        let verdict = if run % 2 == 0 {
+        let (shape, verdict) = if run % 2 == 0 {
             let settle = SHAPE_WARMUP + 1 + random.below(SHAPE_WINDOW as u64) as u32;
             let step = 1 + random.below(3) as usize;
-            shape_run("plateau", device, elements, move |i| step * i.min(settle) as usize)
+            (format!("plateau settling at {settle}, step {step}"), shape_run("plateau", device, elements, move |i| step * i.min(settle) as usize))
         } else {
             let period = 2 + random.below(SHAPE_WINDOW as u64) as u32;
             let phase = random.below(period as u64) as u32;
-            shape_run("sawtooth", device, elements, move |i| ((i + phase) % period) as usize)
+            (format!("sawtooth of period {period}, phase {phase}"), shape_run("sawtooth", device, elements, move |i| ((i + phase) % period) as usize))
         };
+        if verdict.is_failure() {
+            eprintln!("false alarm on {device}, run {run}: {shape} of {elements} floats: {verdict:?}");
+        }
         alarms += usize::from(verdict.is_failure());
     }
     (alarms, runs)

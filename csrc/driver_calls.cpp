@@ -195,7 +195,7 @@ void record_allocation(uint64_t key, int64_t bytes, bool pinned, int32_t index) 
   if (bytes <= 0 || switched_off.load(std::memory_order_relaxed)) {
     return;
   }
-  int32_t device_type;
+  int32_t device_type = glt::kOutsideLibtorchDeviceType;
   switch (caller_of_this_call(pinned)) {
     case Caller::Outside:
       device_type = glt::kOutsideLibtorchDeviceType;

@@ -195,7 +195,12 @@ struct Run<'a> {
     /// One CPU tensor's records in libtorch's host objects, as the canary
     /// measured them.
     records_per_tensor: i64,
+    /// When the run last said it is alive (see [`PROGRESS_EVERY`]).
+    last_progress: Instant,
 }
+
+/// How often a long run says on stderr where it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -270,6 +275,7 @@ impl<'a> Run<'a> {
             time: HarnessTime::default(),
             threads_at_start: None,
             records_per_tensor: 0,
+            last_progress: Instant::now(),
         }
     }
 
@@ -278,6 +284,15 @@ impl<'a> Run<'a> {
         let snapshot = self.take_snapshot();
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
         let levels = self.levels_now();
+        if self.last_progress.elapsed() >= PROGRESS_EVERY {
+            self.last_progress = Instant::now();
+            eprintln!(
+                "gpu-leak-test: `{}` still running: {phase} iteration {iteration}, {} live on {}",
+                self.test.name,
+                crate::report::bytes(levels[self.body()].max(0) as u64),
+                crate::report::device_name(self.device)
+            );
+        }
         self.levels.push(levels);
         if let Some(global) = &self.global {
             // The process-wide view of each layer: the observation's
@@ -417,6 +432,10 @@ impl<'a> Run<'a> {
         let threshold = settings.threshold_bytes();
         let mut n = settings.iterations;
         while self.judged().into_iter().any(|d| verdict::needs_more(&self.series(d), settings.iterations, threshold)) {
+            if let Some(why) = self.next_iteration_could_exhaust() {
+                self.notes.push(format!("confirmation stopped after {} iterations: {why}", n - settings.iterations));
+                break;
+            }
             n += 1;
             self.call(Phase::Confirm, n, &mut iteration)?;
             self.sample(Phase::Confirm, n);
@@ -450,12 +469,12 @@ impl<'a> Run<'a> {
             .chain(leaks.iter().filter_map(|leak| leak.drift.map(|(period, _)| period)))
             .max()
             .unwrap_or(1);
-        let mut count = settings.attribution_iterations.max(widest_gap + 1).max(1);
+        let mut count = settings.attribution_iterations.max(widest_gap + 1);
         let host_objects_leak = !tensors_leak && host.is_some_and(|h| matches!(self.verdicts[h], Verdict::Leak(_)));
         if host_objects_leak || leaks.iter().any(|leak| leak.drift.is_none()) {
             // Growth with no exact pattern, or host objects (whose patterns
             // attribution must back): enough iterations to follow each site
-            // (see verdict::replaced_each_iteration).
+            // (see verdict::growth_evidence).
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
         // Attribution's samples count as attribution, not as sampling.
@@ -507,7 +526,8 @@ impl<'a> Run<'a> {
                 self.verdicts[d] = source.cannot_measure(on, reason);
                 continue;
             }
-            let replaced = verdict::replaced_each_iteration(attribution.kept_across_iterations(on), &levels);
+            let evidence = verdict::growth_evidence(attribution.kept_across_iterations(on), &levels);
+            let replaced = evidence.is_none();
             self.verdicts[d] = match on {
                 Layer::HostObjects => {
                     verdict::host_objects_after_attribution(leak, replaced, grew_during_attribution[d], suppressed, threshold)
@@ -516,9 +536,36 @@ impl<'a> Run<'a> {
                     verdict::after_attribution(leak, replaced, suppressed, threshold)
                 }
             };
+            // A random body's verdict says which evidence decided it.
+            if let (Verdict::Leak(verdict::Leak { drift: None, .. }), Some(evidence)) = (&self.verdicts[d], evidence) {
+                self.notes.push(format!("{on}: {}", evidence.describe()));
+            }
         }
         self.judge_host_objects_beside_kept_tensors();
         Ok(())
+    }
+
+    /// Why one more iteration could run the machine out of memory, if it
+    /// could: a judged layer whose latest iteration grew by more than a
+    /// share of what is free where it lives (the device, or the host).
+    fn next_iteration_could_exhaust(&self) -> Option<String> {
+        let [.., before, last] = &self.levels[..] else { return None };
+        self.judged().into_iter().find_map(|d| {
+            let growth = last[d] - before[d];
+            let layer = self.layers[d];
+            let free = match layer.device() {
+                Device::Cuda(index) => crate::probe::cuda::driver_memory(index).ok().map(|m| m.free_bytes),
+                _ => crate::probe::host::available_bytes(),
+            }?;
+            verdict::next_iteration_could_exhaust(growth, free).then(|| {
+                format!(
+                    "{layer} grew {} in its latest iteration, and {} is free there; the verdict stands on the \
+                     iterations run",
+                    crate::report::bytes(growth as u64),
+                    crate::report::bytes(free)
+                )
+            })
+        })
     }
 
     /// Whether layer `index` ended attribution's iterations above where it

@@ -87,6 +87,8 @@ fn one_time_retention_passes_and_is_reported(device: &str) {
         })
         .unwrap();
     assert_eq!(report.verdict, Verdict::OneTimeRetention { bytes: 16384, during: RetainedDuring::Iteration(1) }, "{report}");
+    // A pass that says growth stopped says how far the window looked.
+    assert!(report.to_string().contains("less often than every 5 iterations would not be seen"), "{report}");
 }
 
 fn panic_is_reported_with_phase_and_iteration(device: &str) {
@@ -101,6 +103,8 @@ fn panic_is_reported_with_phase_and_iteration(device: &str) {
         .unwrap();
     assert_eq!(report.verdict, Verdict::Panicked { phase: Phase::Measure, iteration: 2, message: "boom in the body".into() });
     assert!(report.to_string().contains("in measured iteration 2"), "{report}");
+    // The closing line counts what ran, not what was asked for.
+    assert!(report.to_string().contains("Stopped in measured iteration 2, of 2 warm-up + 5 measured iterations asked for"), "{report}");
     // The device lock was released: the next test on this device runs.
     let next = leak_test("after_panic", device).run(|_| {}).unwrap();
     assert_eq!(next.verdict, Verdict::Clean);
@@ -262,7 +266,22 @@ fn an_add_fn_model_used_by_two_loops_is_named_at_the_loop_that_keeps_it(device: 
     assert!(report.to_string().contains(&format!("called from {}", validation_line.location(file))), "{report}");
 }
 
+/// A big leak, exact every iteration, stops confirming once twice the
+/// window has shown it: more iterations would only pile up more of it.
+fn a_big_exact_leak_stops_confirming_early(device: &str) {
+    const BLOCK: i64 = 16 << 20;
+    let mut kept = Vec::new();
+    let report = leak_test("big_exact_leak", device).run(|device| kept.push(Tensor::zeros([BLOCK / 4], (Kind::Float, device)))).unwrap();
+    drop(kept);
+    let Verdict::Leak(leak) = &report.verdict else { panic!("{report}") };
+    let window = report.settings.iterations;
+    assert_eq!(leak.iterations, 2 * window, "{report}");
+    assert_eq!(leak.bytes_per_iteration, BLOCK as f64, "{report}");
+    assert!(report.to_string().contains(&format!("Ran 2 warm-up + {window} measured + {window} confirmation iterations")), "{report}");
+}
+
 on_each_device!(
+    a_big_exact_leak_stops_confirming_early,
     an_add_fn_model_used_by_two_loops_is_named_at_the_loop_that_keeps_it,
     gradients_kept_from_backward_get_the_autograd_hint,
     a_buffer_whose_size_varies_is_bounded_not_a_leak,

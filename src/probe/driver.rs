@@ -11,19 +11,21 @@
 //! process can have it.
 use super::ffi;
 use std::ffi::{c_char, c_int};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
-static TURNED_ON: AtomicBool = AtomicBool::new(false);
+/// Set by [`force`]: 0 follows the variable, 1 counts, 2 does not.
+static FORCED: AtomicU8 = AtomicU8::new(0);
 
 /// Whether the driver's calls are counted: unless
 /// `GPU_LEAK_TEST_DRIVER_CALLS=0`, or where [`turn_on`] was called. `Err`
 /// where the variable is not a boolean.
 pub(crate) fn enabled() -> crate::error::Result<bool> {
-    if TURNED_ON.load(Ordering::Relaxed) {
-        return Ok(true);
+    match FORCED.load(Ordering::Relaxed) {
+        1 => Ok(true),
+        2 => Ok(false),
+        _ => crate::config::driver_calls_enabled(),
     }
-    crate::config::driver_calls_enabled()
 }
 
 /// Counts the driver's calls in this process from now on, whatever
@@ -31,7 +33,15 @@ pub(crate) fn enabled() -> crate::error::Result<bool> {
 /// Not for users.
 #[doc(hidden)]
 pub fn turn_on() {
-    TURNED_ON.store(true, Ordering::Relaxed);
+    force(Some(true));
+}
+
+/// Counts the driver's calls (`Some(true)`), does not (`Some(false)`), or
+/// follows `GPU_LEAK_TEST_DRIVER_CALLS` again (`None`), for observations
+/// opened from now on: for the benchmark's variants. Not for users.
+#[doc(hidden)]
+pub fn force(on: Option<bool>) {
+    FORCED.store(on.map_or(0, |on| if on { 1 } else { 2 }), Ordering::Relaxed);
 }
 
 fn reason(why: *mut c_char) -> Result<(), String> {

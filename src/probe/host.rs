@@ -41,3 +41,12 @@ pub fn heap_in_use() -> Option<u64> {
     let info = unsafe { function() };
     Some((info.uordblks + info.hblkhd) as u64)
 }
+
+/// Memory the kernel says a process can still take without swapping
+/// (`MemAvailable` in /proc/meminfo); `None` where it does not say.
+pub fn available_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

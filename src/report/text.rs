@@ -102,6 +102,16 @@ pub(crate) fn passing_line(report: &Report) -> String {
     )
 }
 
+/// What a window of `iterations` measured iterations cannot see, after a
+/// verdict that growth stopped (see `verdict::confirmation_bound`).
+fn horizon(iterations: u32, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "  A leak recurring less often than every {iterations} iterations would not be seen in this window; raise \
+         `iterations` to look further."
+    );
+}
+
 fn verdict_lines(report: &Report, out: &mut String) {
     let s = &report.settings;
     match &report.verdict {
@@ -119,6 +129,9 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 RetainedDuring::Iteration(i) => format!("once, in measured iteration {i}, then stayed flat"),
             };
             let _ = writeln!(out, "  Retained {} {when}: one-time state, reported, not failed.", bytes(*kept as u64));
+            if let RetainedDuring::Iteration(_) = during {
+                horizon(s.iterations, out);
+            }
         }
         Verdict::Leak(leak) => {
             let confirmation = leak.iterations.saturating_sub(s.iterations);
@@ -175,6 +188,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 bytes((*kept).max(0) as u64),
                 s.iterations
             );
+            horizon(s.iterations, out);
         }
         Verdict::WithinThreshold { retained_bytes, bytes_per_iteration } => {
             let _ = writeln!(
@@ -521,16 +535,40 @@ impl fmt::Display for Report {
         let s = &self.settings;
         let _ = writeln!(
             out,
-            "\n  Ran {} warm-up + {} measured iterations ({:.0} allocator events each), threshold {}{}, in {:.2?}. \
+            "\n  {} ({:.0} allocator events each), threshold {}{}, in {:.2?}. \
              Change them with the attribute or GPU_LEAK_TEST_WARMUP / _ITERATIONS / _THRESHOLD_MB.",
-            s.warmup,
-            s.iterations,
+            self.iterations_run(),
             self.events_per_iteration,
             bytes(s.threshold_bytes),
             s.peak_budget_bytes.map(|p| format!(", peak budget {}", bytes(p))).unwrap_or_default(),
             self.elapsed
         );
         f.write_str(out.trim_end())
+    }
+}
+
+impl Report {
+    /// The iterations that ran, from the samples: fewer than asked for
+    /// where a failure stopped the test early.
+    fn iterations_run(&self) -> String {
+        let s = &self.settings;
+        if let Verdict::Panicked { phase, iteration, .. }
+        | Verdict::OutOfMemory { phase, iteration, .. }
+        | Verdict::BodyError { phase, iteration, .. } = &self.verdict
+        {
+            let at = if *phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
+            return format!("Stopped {at}, of {} warm-up + {} measured iterations asked for", s.warmup, s.iterations);
+        }
+        let count = |phase: Phase| self.samples.iter().filter(|sample| sample.phase == phase).count() as u32;
+        let (warmup, measured, confirmation) = (count(Phase::WarmUp), count(Phase::Measure), count(Phase::Confirm));
+        if warmup < s.warmup || measured < s.iterations {
+            return format!("Stopped after {warmup} of {} warm-up and {measured} of {} measured iterations", s.warmup, s.iterations);
+        }
+        let confirmed = match confirmation {
+            0 => String::new(),
+            n => format!(" + {n} confirmation"),
+        };
+        format!("Ran {warmup} warm-up + {measured} measured{confirmed} iterations")
     }
 }
 
