@@ -54,6 +54,11 @@ use quote::quote;
 ///
 /// On an error the function is still emitted beside the error, so the rest of
 /// the crate keeps compiling.
+///
+/// The function is a `#[test]`: in a doctest, which runs only its `main`,
+/// nothing calls it, so a leaking doctest still passes. Write leak tests in
+/// `tests/` or a `#[cfg(test)]` module, or call `LeakTest` by hand in a
+/// doctest's code.
 #[proc_macro_attribute]
 pub fn gpu_leak_test(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item_tokens = TokenStream2::from(item.clone());

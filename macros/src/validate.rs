@@ -178,7 +178,11 @@ pub(crate) fn function(function: ItemFn) -> syn::Result<TestFn> {
     let mut params = Vec::new();
     for input in &sig.inputs {
         let FnArg::Typed(typed) = input else {
-            return Err(syn::Error::new(input.span(), "#[gpu_leak_test] functions cannot take `self`"));
+            return Err(syn::Error::new(
+                input.span(),
+                "#[gpu_leak_test] functions cannot take `self`: a leak test is a free function, as a `#[test]` is; \
+                 move it out of the `impl` into a `#[cfg(test)] mod tests` and build the value inside it",
+            ));
         };
         if is_device_type(&typed.ty) {
             if device.is_some() {

@@ -59,8 +59,9 @@ macro_rules! for_each_option {
             scope: Scope, env "GPU_LEAK_TEST_SCOPE", rule any, attribute text(scope, "\"auto\", \"thread\" or \"process\"");
             /// Budget for the most live bytes at once, in MiB.
             peak_mb: f64, env "GPU_LEAK_TEST_PEAK_MB", rule peak_mb, attribute mib(peak_mb);
-            /// Iterations run with stack capture after a failing verdict (default 3).
-            attribution_iterations: u32, env "GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS", rule any, attribute whole(any);
+            /// Iterations run with stack capture after a failing verdict (default 3,
+            /// at least 1; more where the leak's period needs them).
+            attribution_iterations: u32, env "GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS", rule attribution_iterations, attribute whole(attribution_iterations);
             /// Where reports go (default `target/gpu-leak-test`); in the config file,
             /// relative to its folder.
             report_dir: String, env "GPU_LEAK_TEST_REPORT_DIR", rule any, attribute suite_only;

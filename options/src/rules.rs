@@ -78,6 +78,18 @@ pub fn iterations(value: &u32) -> Result<(), String> {
     }
 }
 
+/// `attribution_iterations`: at least one, since attribution is what names
+/// the sites and tells state replaced every iteration from a leak.
+pub fn attribution_iterations(value: &u32) -> Result<(), String> {
+    if *value >= 1 {
+        Ok(())
+    } else {
+        Err("must be at least 1: attribution names the sites of a failure and tells state replaced every iteration \
+             from a leak. It runs only after a test has failed, so it costs a passing test nothing"
+            .into())
+    }
+}
+
 /// Every value its type can hold.
 pub fn any<T: ?Sized>(_: &T) -> Result<(), String> {
     Ok(())

@@ -170,6 +170,10 @@ fn matches_everything(pattern: &str) -> bool {
 
 /// The 1-based line of the first line of `text` that holds `key:` and, if
 /// given, `value`.
+/// Top-level keys the file ignores, for YAML anchors to live on (as in
+/// docker-compose files): `x-common: &common ...`.
+const EXTENSION_PREFIX: &str = "x-";
+
 fn line_of(text: &str, key: &str, value: Option<&str>) -> usize {
     let needle = format!("{key}:");
     text.lines()
@@ -198,15 +202,34 @@ impl ConfigFile {
         let mut config: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| {
-                let line = e.location().map(|l| l.line()).unwrap_or(1);
+            let yaml_error = |e: serde_yaml::Error| {
                 let message = e.to_string();
-                let message = match message.find(" at line ") {
+                // A value built from merged keys has no positions: the
+                // line is the key's the message names.
+                let named_key = message.split('`').nth(1).unwrap_or("");
+                let line = e.location().map(|l| l.line()).unwrap_or_else(|| line_of(text, named_key, None));
+                let mut message = match message.find(" at line ") {
                     Some(cut) => message[..cut].to_string(),
                     None => message,
                 };
+                if text.lines().nth(line.saturating_sub(1)).is_some_and(|l| l.trim_end().starts_with(|c: char| c.is_whitespace()) && l.contains('\t')) {
+                    message += " (a tab: YAML indents with spaces only)";
+                }
                 error(line, with_key_in_path(message))
-            })?
+            };
+            if text.contains("<<") || text.lines().any(|line| line.starts_with(EXTENSION_PREFIX)) {
+                // Merge keys (`<<: *common`) and top-level `x-` keys to
+                // anchor them on, as CI configuration uses them: resolved
+                // before the typed parse.
+                let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_error)?;
+                value.apply_merge().map_err(yaml_error)?;
+                if let serde_yaml::Value::Mapping(top) = &mut value {
+                    top.retain(|key, _| !key.as_str().is_some_and(|key| key.starts_with(EXTENSION_PREFIX)));
+                }
+                serde_yaml::from_value(value).map_err(yaml_error)?
+            } else {
+                serde_yaml::from_str(text).map_err(yaml_error)?
+            }
         };
         config.path = path.to_path_buf();
         let mut sections = vec![("defaults".to_string(), &config.defaults)];
@@ -347,6 +370,22 @@ mod tests {
         assert_eq!((layer.settings.iterations, layer.settings.warmup), (Some(2), Some(1)));
         assert_eq!(layer.source("iterations"), "gpu-leak-test.yaml (overrides[1].settings.iterations)");
         assert_eq!(config.layer_for("fast::one").settings.iterations, Some(8));
+    }
+
+    #[test]
+    fn merge_keys_apply_as_in_ci_configuration() {
+        let text = "x-common: &common\n  iterations: 7\n  warmup: 3\ndefaults:\n  <<: *common\n  threshold_mb: 1\n";
+        let config = parse(text).unwrap();
+        assert_eq!((config.defaults.iterations, config.defaults.warmup), (Some(7), Some(3)));
+        // A key merged in is checked like any other, at its line.
+        let err = parse("x-common: &common\n  iteratons: 7\ndefaults:\n  <<: *common\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2:") && err.contains("unknown field `iteratons`"), "{err}");
+    }
+
+    #[test]
+    fn a_tab_used_for_indentation_is_named() {
+        let err = parse("defaults:\n\titerations: 5\n").unwrap_err().to_string();
+        assert!(err.starts_with("gpu-leak-test.yaml:2:") && err.contains("a tab: YAML indents with spaces only"), "{err}");
     }
 
     #[test]

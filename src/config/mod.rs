@@ -261,5 +261,8 @@ mod settings_tests {
         assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_DEVICE: \"tpu\" is not a device"), "{err}");
         let err = Settings::resolve_with(&Options { iterations: Some(0), ..Default::default() }, env(&[]), None).unwrap_err();
         assert!(err.to_string().starts_with("attribute `iterations`: must be at least 1"), "{err}");
+        // Once ran 2 attribution iterations anyway, saying nothing.
+        let err = Settings::resolve_with(&Options::default(), env(&[("GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS", "0")]), None).unwrap_err();
+        assert!(err.to_string().starts_with("environment variable GPU_LEAK_TEST_ATTRIBUTION_ITERATIONS: must be at least 1"), "{err}");
     }
 }

@@ -131,10 +131,27 @@ pub(crate) fn append(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
 }
 
+/// Creates a report folder. Where the path is a symbolic link that leads
+/// nowhere (a loop, a missing target), says so: the system's own error,
+/// "File exists", hides it.
+pub(crate) fn create_folder(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let is_link = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
+        match std::fs::metadata(dir) {
+            Err(target) if is_link => format!(
+                "cannot create {}: it is a symbolic link that leads to no folder ({target}); point it at a folder or \
+                 remove it",
+                dir.display()
+            ),
+            _ => format!("cannot create {}: {e}", dir.display()),
+        }
+    })
+}
+
 /// Writes the JSON report, the plot when `plots` asks for one, and the
 /// refreshed index. Errors say which file and why.
 pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    create_folder(dir)?;
     let stem = file_stem(&report.test, &device_name(report.device));
     let wants_plot = match plots {
         Plots::All => true,
@@ -206,5 +223,17 @@ mod tests {
         let stem = file_stem_in("c", &long, "cuda:0");
         assert!(stem.len() <= READABLE_NAME_CHARS + 16, "{} characters", stem.len());
         assert_ne!(stem, file_stem_in("c", &"a".repeat(251), "cuda:0"), "long names differ by their hash");
+    }
+
+    #[test]
+    fn a_report_folder_that_is_a_looping_link_is_named_as_one() {
+        let dir = std::env::temp_dir().join(format!("glt-loop-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        std::os::unix::fs::symlink(&dir, &dir).unwrap();
+        let err = create_folder(&dir.join("reports")).unwrap_err();
+        let direct = create_folder(&dir).unwrap_err();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(direct.contains("is a symbolic link that leads to no folder"), "{direct}");
+        assert!(err.starts_with("cannot create"), "{err}");
     }
 }

@@ -218,7 +218,7 @@ pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String
             input.display()
         ));
     }
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    super::files::create_folder(out)?;
     let merged_run = format!("merged-{}", std::process::id());
     // Each report's row with the folder it came from: the newest row wins,
     // and its own files go with it, so the row and the JSON, page and plot
