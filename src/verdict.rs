@@ -443,15 +443,22 @@ pub(crate) fn host_objects_after_attribution(
 /// shape is still growing, the bound allows more, and the growth is not
 /// already a certain leak.
 pub(crate) fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
-    let baseline = series.baseline();
     series.measured.len() < confirmation_bound(window) as usize
-        && match shape(baseline, &series.measured, window, threshold_bytes) {
-            Shape::Growing { drift: Some((period, bytes)) } => {
-                !exact_for(baseline, &series.measured, period, bytes, 2 * window.max(1) as usize)
-            }
-            Shape::Growing { drift: None } => true,
-            _ => false,
+        && matches!(shape(series.baseline(), &series.measured, window, threshold_bytes), Shape::Growing { .. })
+        && !certain_leak(series, window, threshold_bytes)
+}
+
+/// Whether the levels so far are a leak beyond doubt: a rise exact for
+/// twice the window (see [`exact_for`]). The verdict is decided on them,
+/// whatever iterations run after for other layers.
+pub(crate) fn certain_leak(series: &Series, window: u32, threshold_bytes: u64) -> bool {
+    let baseline = series.baseline();
+    match shape(baseline, &series.measured, window, threshold_bytes) {
+        Shape::Growing { drift: Some((period, bytes)) } => {
+            exact_for(baseline, &series.measured, period, bytes, 2 * window.max(1) as usize)
         }
+        _ => false,
+    }
 }
 
 /// Whether the levels rose by exactly `bytes` every `period` iterations in
