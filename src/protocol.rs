@@ -519,7 +519,7 @@ impl<'a> Run<'a> {
             }
         };
         let judged = self.judged();
-        let grew_during_attribution: Vec<bool> = (0..self.layers.len()).map(|d| self.grew_during_attribution(d)).collect();
+        let trough_rose: Vec<bool> = (0..self.layers.len()).map(|d| self.trough_rose_during_attribution(d)).collect();
         let attribution = self.attribution.as_mut().expect("attribute sets it");
         for d in judged {
             let Verdict::Leak(leak) = &self.verdicts[d] else { continue };
@@ -546,7 +546,7 @@ impl<'a> Run<'a> {
             let replaced = evidence.is_none();
             self.verdicts[d] = match on {
                 Layer::HostObjects => {
-                    verdict::host_objects_after_attribution(leak, replaced, grew_during_attribution[d], suppressed, threshold)
+                    verdict::host_objects_after_attribution(leak, replaced, trough_rose[d], suppressed, threshold)
                 }
                 Layer::Tensors(_) | Layer::OutsideLibtorch(_) => {
                     verdict::after_attribution(leak, replaced, suppressed, threshold)
@@ -584,12 +584,19 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// Whether layer `index` ended attribution's iterations above where it
-    /// stood before them.
-    fn grew_during_attribution(&self, index: usize) -> bool {
-        let Some(first) = self.samples.iter().position(|s| s.phase == Phase::Attribution) else { return false };
-        let before = if first > 0 { self.levels[first - 1][index] } else { self.start[index] };
-        self.levels.last().is_some_and(|after| after[index] > before)
+    /// Whether layer `index`'s trough rose: its lowest level over
+    /// attribution's iterations is above its lowest over the measured and
+    /// confirmation ones. A block that comes and goes (another thread's
+    /// cache, a library's scratch) leaves the trough where it was; something
+    /// kept every iteration lifts it.
+    fn trough_rose_during_attribution(&self, index: usize) -> bool {
+        let lowest = |phases: &[Phase]| {
+            self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(|(_, l)| l[index]).min()
+        };
+        match (lowest(&[Phase::Measure, Phase::Confirm]), lowest(&[Phase::Attribution])) {
+            (Some(before), Some(during)) => during > before,
+            _ => false,
+        }
     }
 
     /// A kept tensor keeps its records in libtorch's host objects too: where

@@ -423,16 +423,19 @@ pub(crate) fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iter
 /// empty in bursts of kilobytes, blocks one thread makes and another
 /// frees), so even an exact-looking pattern there is a leak only where
 /// attribution backs it: something kept across iterations, or a site that
-/// grew every time (`replaced` false), and the level still higher after
-/// attribution's iterations than before them (`grew_during_attribution`).
+/// grew every time (`replaced` false), and a trough that rose: the lowest
+/// level over attribution's iterations above the lowest before them
+/// (`trough_rose`). A block that comes and goes (an H200 run under
+/// `cudaMallocAsync` saw 2.5 KiB do so) is alive from an earlier iteration
+/// at times, but never lifts the trough.
 pub(crate) fn host_objects_after_attribution(
     leak: &Leak,
     replaced: bool,
-    grew_during_attribution: bool,
+    trough_rose: bool,
     suppressed_per_iteration: f64,
     threshold_bytes: u64,
 ) -> Verdict {
-    if replaced || !grew_during_attribution {
+    if replaced || !trough_rose {
         Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
     } else {
         after_attribution(leak, replaced, suppressed_per_iteration, threshold_bytes)
