@@ -412,7 +412,8 @@ fn blind_reason(source: Source, device: Device, coverage: &Coverage) -> String {
                        PYTORCH_NO_CUDA_MEMORY_CACHING for leak tests (keep it for compute-sanitizer runs)";
         } else if source == Source::Hook {
             reason += ", which reports no per-thread events to the hook. Use scope = \"process\" (the default \
-                       for #[gpu_leak_test]), which counts it from the allocator's statistics";
+                       for #[gpu_leak_test]), which counts it from the allocator's statistics where CUPTI is not \
+                       free to count its driver calls";
         } else if let Ok(conf) = std::env::var("PYTORCH_CUDA_ALLOC_CONF") {
             reason += &format!(" (PYTORCH_CUDA_ALLOC_CONF={conf}); run leak tests without that setting");
         }
