@@ -431,18 +431,14 @@ impl<'a> Run<'a> {
         // confirmation iterations run until it can, up to the bound.
         let threshold = settings.threshold_bytes();
         let mut n = settings.iterations;
-        // A layer's levels where they became a certain leak: its verdict is
-        // decided on them, not on iterations run after for other layers.
-        let mut certain: Vec<Option<Series>> = vec![None; self.layers.len()];
         loop {
-            for d in self.judged() {
-                let series = self.series(d);
-                if certain[d].is_none() && verdict::certain_leak(&series, settings.iterations, threshold) {
-                    certain[d] = Some(series);
-                }
-            }
-            let more = |d: usize| certain[d].is_none() && verdict::needs_more(&self.series(d), settings.iterations, threshold);
-            if !self.judged().into_iter().any(more) {
+            // Once a layer is a certain leak the test fails whatever else
+            // grows, so confirmation stops: more would only pile up more of
+            // the leak (a runaway one until the machine runs out). The other
+            // layers are decided on the iterations run.
+            let certain = |d: usize| verdict::certain_leak(&self.series(d), settings.iterations, threshold);
+            let more = |d: usize| verdict::needs_more(&self.series(d), settings.iterations, threshold);
+            if self.judged().into_iter().any(certain) || !self.judged().into_iter().any(more) {
                 break;
             }
             if let Some(why) = self.next_iteration_could_exhaust() {
@@ -458,10 +454,7 @@ impl<'a> Run<'a> {
         self.peak_bytes = sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body];
         let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
         self.verdicts = (0..self.layers.len())
-            .map(|d| {
-                let series = certain[d].take().unwrap_or_else(|| self.series(d));
-                verdict::decide(&series, settings.iterations, threshold, peak.filter(|_| d == body))
-            })
+            .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
             .collect();
         let leaking: Vec<usize> = self.judged().into_iter().filter(|&d| matches!(self.verdicts[d], Verdict::Leak(_))).collect();
         if leaking.is_empty() {

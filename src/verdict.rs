@@ -452,8 +452,8 @@ pub(crate) fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> 
 }
 
 /// Whether the levels so far are a leak beyond doubt: a rise exact for
-/// twice the window (see [`exact_for`]). The verdict is decided on them,
-/// whatever iterations run after for other layers.
+/// twice the window (see [`exact_for`]): confirmation stops there, for
+/// every layer.
 pub(crate) fn certain_leak(series: &Series, window: u32, threshold_bytes: u64) -> bool {
     let baseline = series.baseline();
     match shape(baseline, &series.measured, window, threshold_bytes) {
