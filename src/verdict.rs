@@ -812,7 +812,7 @@ mod tests {
     fn state_replaced_every_iteration_is_bounded_unless_a_site_grows_every_time() {
         let wandering = vec![400, 1200, 800, 100, 900, 1000, 1100, 50, 700, 300];
         // A buffer of varying size, replaced each iteration.
-        assert_eq!(growth_evidence(false, &[wandering.clone()]), None);
+        assert_eq!(growth_evidence(false, std::slice::from_ref(&wandering)), None);
         // A history regrown each iteration next to it: that site grows every time.
         let history = (1..=REPLACED_STATE_ITERATIONS as u64).map(|i| 512 * i).collect();
         assert_eq!(growth_evidence(false, &[wandering, history]), Some(GrowthEvidence::SiteGrewEveryIteration));
@@ -826,7 +826,7 @@ mod tests {
         // iteration, rose in each of 8 attribution iterations, and the test
         // failed as a leak (1 false alarm in 1,000 clean runs).
         let seed_14 = vec![204, 212, 240, 324, 380, 432, 460, 468];
-        assert_eq!(growth_evidence(false, &[seed_14.clone()]), None);
+        assert_eq!(growth_evidence(false, std::slice::from_ref(&seed_14)), None);
         // The two iterations that follow in the same run fall back.
         let mut ten = seed_14;
         ten.extend([356, 308]);
