@@ -8,20 +8,21 @@
 // functions]); this file is linked into every test binary that uses
 // gpu-leak-test, so these definitions are the process's.
 //
-// They forward to malloc and free. Each block counts its malloc_usable_size,
-// which the Rust side keeps per block, so a free subtracts what its
-// allocation added. Rust's heap does not go through operator new: a test's
-// own Vec<f64> is not counted here.
+// They forward to malloc and free. Each block counts its malloc_usable_size
+// on both sides, so a free subtracts what its allocation added. Rust's heap
+// does not go through operator new: a test's own Vec<f64> is not counted
+// here.
 //
-// Outside leak tests the cost is one relaxed load per call. A thread-local
-// flag keeps the count from counting itself. Left out: what the CUDA
-// caching allocator allocates for its own books (see below).
-#include <c10/util/ThreadLocalDebugInfo.h>
-
+// Who counted a block is written in the block itself, in 4 bytes past what
+// the caller asked for (see `Mark`). Outside leak tests the cost is that
+// mark's store and a few loads per call. A thread-local flag keeps the
+// count from counting itself. Left out: what the CUDA caching allocator
+// allocates for its own books (see below).
 #include <malloc.h>
-#include <sys/mman.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <new>
 
 #include "shim.h"
@@ -41,78 +42,68 @@ inline bool counting() {
          !switched_off.load(std::memory_order_relaxed);
 }
 
-// Process scope counts without a lock or a map: which live blocks were
-// counted is one byte per 16-byte granule of the address space (glibc's
-// blocks are 16-aligned), in pages mapped as they are first needed, and
-// their bytes are summed over per-thread shards. A byte, not a bit, so
-// marking is a plain store, not a locked read-modify-write on a word other
-// threads' blocks share: only the thread that allocates or frees a block
-// writes its byte, and no two do so at once. A free clears its block's
-// byte and subtracts its usable size only where the byte was set, so
-// blocks made before the observation are not the test's, as in the
-// tracker's map.
-// The map is still fed while attribution records sites.
-namespace counted_blocks {
-constexpr int kGranuleShift = 4;
-constexpr int kLeafShift = 24;  // a leaf covers 16 MiB: 2^20 granules, 1 MiB
-constexpr int kMidShift = 36;   // a mid table covers 64 GiB: 4,096 leaves
-constexpr int kAddressBits = 47;
-constexpr size_t kTop = size_t(1) << (kAddressBits - kMidShift);
-constexpr size_t kMid = size_t(1) << (kMidShift - kLeafShift);
-constexpr size_t kLeafWords = size_t(1) << (kLeafShift - kGranuleShift);
+// Both scopes count without a lock or a map. Every block carries a mark in
+// the last 4 bytes of its usable size, which operator new asks malloc for
+// beyond the caller's bytes: the observation that counted it (its epoch),
+// and the tracker whose hooked thread allocated it (a tag and the tag's
+// generation). A free reads the mark beside the next chunk's header, which
+// malloc_usable_size reads anyway, so it costs no cache line of its own.
+// (A side table of marks cost a cache miss on nearly every free: the
+// allocation-heavy step on CUDA took 1.065x its plain time.) A mark is
+// valid only for its own address, and only while its epoch or its tag's
+// generation is current, so a block made before an observation or a tracker
+// is not theirs, as in the tracker's own map. Sums are kept in per-thread
+// shards. The trackers' maps are still fed while attribution records sites.
+namespace marks {
+constexpr size_t kMarkBytes = sizeof(uint32_t);
+constexpr int kTags = 256;
 
-using Word = std::atomic<uint8_t>;
-using Mid = std::atomic<Word*>;
-std::atomic<Mid*> top[kTop];
+// epoch (16 bits) | tag (8) | the tag's generation (8), XORed with a hash of
+// the block's address.
+struct Mark {
+  uint16_t epoch = 0;
+  uint8_t tag = 0;
+  uint8_t generation = 0;
+};
 
-// Zeroed memory from the kernel: operator new must not call itself.
-void* map_zeroed(size_t bytes) {
-  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return mapped == MAP_FAILED ? nullptr : mapped;
+inline uint32_t address_hash(const void* ptr) {
+  return static_cast<uint32_t>((reinterpret_cast<uintptr_t>(ptr) * 0x9E3779B97F4A7C15ull) >> 32);
 }
 
-template <typename T>
-T* get_or_map(std::atomic<T*>& slot, size_t count) {
-  T* present = slot.load(std::memory_order_acquire);
-  if (present != nullptr) {
-    return present;
-  }
-  T* fresh = static_cast<T*>(map_zeroed(count * sizeof(T)));
-  if (fresh == nullptr) {
-    return nullptr;
-  }
-  if (slot.compare_exchange_strong(present, fresh, std::memory_order_acq_rel)) {
-    return fresh;
-  }
-  munmap(fresh, count * sizeof(T));
-  return present;
+inline void write(void* ptr, size_t usable, Mark mark) {
+  uint32_t word = ((uint32_t(mark.epoch) << 16) | (uint32_t(mark.tag) << 8) | mark.generation) ^ address_hash(ptr);
+  std::memcpy(static_cast<char*>(ptr) + usable - kMarkBytes, &word, kMarkBytes);
 }
 
-// The byte marking `address`, mapping its pages where `map` is set;
-// nullptr where none is mapped (or the address is beyond 47 bits).
-Word* word_of(uintptr_t address, bool map) {
-  if ((address >> kAddressBits) != 0) {
-    return nullptr;
-  }
-  auto& mid_slot = top[address >> kMidShift];
-  Mid* mid = map ? get_or_map(mid_slot, kMid) : mid_slot.load(std::memory_order_acquire);
-  if (mid == nullptr) {
-    return nullptr;
-  }
-  auto& leaf_slot = mid[(address >> kLeafShift) & (kMid - 1)];
-  Word* leaf = map ? get_or_map(leaf_slot, kLeafWords) : leaf_slot.load(std::memory_order_acquire);
-  if (leaf == nullptr) {
-    return nullptr;
-  }
-  return &leaf[(address >> kGranuleShift) & (kLeafWords - 1)];
+inline Mark read(const void* ptr, size_t usable) {
+  uint32_t word = 0;
+  std::memcpy(&word, static_cast<const char*>(ptr) + usable - kMarkBytes, kMarkBytes);
+  word ^= address_hash(ptr);
+  return Mark{static_cast<uint16_t>(word >> 16), static_cast<uint8_t>(word >> 8), static_cast<uint8_t>(word)};
 }
+
+// The open observation's epoch, 0 while none is open.
+std::atomic<uint16_t> epoch{0};
+uint16_t last_epoch = 0;
+// Per tag: its generation, with kHeld set while a tracker holds it.
+constexpr uint16_t kHeld = 0x100;
+std::atomic<uint16_t> tag_state[kTags];
+// A tracker recording sites gets its blocks' events itself too.
+std::atomic<bool> tag_recording[kTags];
 
 // One writer per shard (its thread), so updates are a relaxed load and
 // store, not a locked instruction; threads beyond the shards share the
-// last one, which takes atomic additions.
-struct alignas(64) Shard {
-  std::atomic<int64_t> bytes{0};
-  std::atomic<uint64_t> events{0};
+// last one, which takes atomic additions. Sums are read against a
+// baseline taken when their counting starts, so nothing is ever zeroed
+// under a writer.
+struct Sums {
+  std::atomic<int64_t> bytes;
+  std::atomic<uint64_t> allocations;
+  std::atomic<uint64_t> frees;
+};
+struct alignas(128) Shard {
+  Sums process;
+  Sums tags[kTags];
 };
 constexpr int kShards = 512;
 constexpr int kShared = kShards - 1;
@@ -120,87 +111,130 @@ Shard shards[kShards];
 std::atomic<int> next_shard{0};
 thread_local int shard_index = -1;
 
-void add(int64_t bytes) {
+template <typename T>
+inline void bump(std::atomic<T>& counter, T by, bool shared) {
+  if (shared) {
+    counter.fetch_add(by, std::memory_order_relaxed);
+  } else {
+    counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+}
+
+inline void add(Sums& sums, int64_t bytes, bool shared) {
+  bump(sums.bytes, bytes, shared);
+  bump<uint64_t>(bytes > 0 ? sums.allocations : sums.frees, 1, shared);
+}
+
+// Adds `bytes` (negative for a free) to whoever `mark` names.
+void count(Mark mark, int64_t bytes) {
   if (shard_index < 0) {
     int next = next_shard.fetch_add(1, std::memory_order_relaxed);
     shard_index = next < kShared ? next : kShared;
   }
   Shard& shard = shards[shard_index];
-  if (shard_index == kShared) {
-    shard.bytes.fetch_add(bytes, std::memory_order_relaxed);
-    shard.events.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    shard.bytes.store(shard.bytes.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
-    shard.events.store(shard.events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  bool shared = shard_index == kShared;
+  if (mark.epoch != 0) {
+    add(shard.process, bytes, shared);
+  }
+  if (mark.tag != 0) {
+    add(shard.tags[mark.tag], bytes, shared);
   }
 }
 
-void on_allocation(void* ptr, int64_t bytes) {
-  auto address = reinterpret_cast<uintptr_t>(ptr);
-  Word* word = word_of(address, true);
-  if (word == nullptr) {
-    return;
+// The mark of a block being freed, with only what is still current kept.
+inline Mark current(Mark mark) {
+  if (mark.epoch != epoch.load(std::memory_order_relaxed)) {
+    mark.epoch = 0;
   }
-  if (word->load(std::memory_order_relaxed) == 0) {
-    word->store(1, std::memory_order_relaxed);
-    add(bytes);
+  if (mark.tag != 0 && tag_state[mark.tag].load(std::memory_order_relaxed) != (kHeld | mark.generation)) {
+    mark.tag = 0;
   }
+  return mark;
 }
 
-void on_free(void* ptr) {
-  auto address = reinterpret_cast<uintptr_t>(ptr);
-  Word* word = word_of(address, false);
-  if (word == nullptr) {
-    return;
+struct Figures {
+  int64_t bytes = 0;
+  uint64_t allocations = 0;
+  uint64_t frees = 0;
+};
+
+// The process's sums (tag 0), or one tag's, over every shard in use.
+Figures figures_of(int tag) {
+  Figures total;
+  int used = next_shard.load(std::memory_order_relaxed);
+  for (int i = 0; i < kShards && i <= used; ++i) {
+    const Sums& sums = tag == 0 ? shards[i].process : shards[i].tags[tag];
+    total.bytes += sums.bytes.load(std::memory_order_relaxed);
+    total.allocations += sums.allocations.load(std::memory_order_relaxed);
+    total.frees += sums.frees.load(std::memory_order_relaxed);
   }
-  if (word->load(std::memory_order_relaxed) != 0) {
-    word->store(0, std::memory_order_relaxed);
-    add(-static_cast<int64_t>(malloc_usable_size(ptr)));
-  }
+  return total;
 }
 
-// Forgets every counted block and zeroes the sums, for a new observation.
-void reset() {
-  for (auto& mid_slot : top) {
-    Mid* mid = mid_slot.load(std::memory_order_acquire);
-    if (mid == nullptr) {
-      continue;
-    }
-    for (size_t m = 0; m < kMid; ++m) {
-      if (Word* leaf = mid[m].load(std::memory_order_acquire)) {
-        // The pages read as zero again, without a write to each.
-        madvise(leaf, kLeafWords * sizeof(Word), MADV_DONTNEED);
-      }
-    }
-  }
-  for (auto& shard : shards) {
-    shard.bytes.store(0, std::memory_order_relaxed);
-    shard.events.store(0, std::memory_order_relaxed);
-  }
+Figures minus(Figures now, Figures base) {
+  return {now.bytes - base.bytes, now.allocations - base.allocations, now.frees - base.frees};
 }
-}  // namespace counted_blocks
+
+// Trackers' tags, each one's sums when it was taken, and the process's
+// when the observation opened.
+std::mutex tags_mutex;
+int next_tag = 1;
+Figures tag_baseline[kTags];
+Figures process_baseline;
+}  // namespace marks
 
 // While attribution records sites in process scope, every event also goes
 // to the process sink's tracker, which keeps the blocks with their stacks.
 std::atomic<bool> recording_sites{false};
 
-void report(void* ptr, int64_t size) {
+// Who counts a block allocated now on this thread, telling them.
+marks::Mark on_allocation(void* ptr, int64_t size) {
+  marks::Mark mark;
+  if (reporting) {
+    return mark;
+  }
+  reporting = true;
+  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0) {
+    bool hooked = false;
+    uint8_t tag = glt::current_hook_tag(&hooked);
+    // A tracker without a tag counts its blocks itself, as does one that
+    // records their sites.
+    if (hooked && (tag == 0 || marks::tag_recording[tag].load(std::memory_order_relaxed))) {
+      glt::report_to_hook(ptr, size, glt::kHostObjectsDeviceType, -1);
+    }
+    if (tag != 0) {
+      mark.tag = tag;
+      mark.generation = static_cast<uint8_t>(marks::tag_state[tag].load(std::memory_order_relaxed));
+    }
+  }
+  mark.epoch = marks::epoch.load(std::memory_order_relaxed);
+  if (mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed)) {
+    glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
+  }
+  marks::count(mark, size);
+  reporting = false;
+  return mark;
+}
+
+void on_free(void* ptr, size_t usable) {
   if (reporting) {
     return;
   }
   reporting = true;
-  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0) {
-    glt::report_to_hook(ptr, size, glt::kHostObjectsDeviceType, -1);
+  marks::Mark mark = marks::current(marks::read(ptr, usable));
+  if (mark.epoch != 0 || mark.tag != 0) {
+    // No longer anyone's, should the block be handed out again uncounted.
+    marks::write(ptr, usable, marks::Mark{});
+    marks::count(mark, -static_cast<int64_t>(usable));
   }
-  if (glt::host_objects_observed.load(std::memory_order_relaxed) != 0) {
-    if (size > 0) {
-      counted_blocks::on_allocation(ptr, size);
-    } else {
-      counted_blocks::on_free(ptr);
-    }
-    if (recording_sites.load(std::memory_order_relaxed)) {
-      glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
-    }
+  // Every hook hears of the free where one counts its blocks itself or
+  // records them: the block may be any of theirs.
+  if ((mark.tag != 0 && marks::tag_recording[mark.tag].load(std::memory_order_relaxed)) ||
+      glt::untagged_hooks.load(std::memory_order_relaxed) != 0) {
+    glt::report_to_hook(ptr, -1, glt::kHostObjectsDeviceType, -1);
+  }
+  if (mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed)) {
+    glt::report_process_event(ptr, -1, glt::kHostObjectsDeviceType, -1);
   }
   reporting = false;
 }
@@ -218,10 +252,15 @@ inline bool from_the_cuda_allocator(void* caller) {
          address < c10_cuda_end.load(std::memory_order_relaxed);
 }
 
-inline void* counted(void* ptr, void* caller) {
-  if (ptr != nullptr && counting() && !from_the_cuda_allocator(caller)) {
-    report(ptr, static_cast<int64_t>(malloc_usable_size(ptr)));
+// Every block gets a mark, counted or not: a free must never read a stale
+// one, nor the caller's bytes.
+inline void* marked(void* ptr, void* caller) {
+  size_t usable = malloc_usable_size(ptr);
+  marks::Mark mark;
+  if (counting() && !from_the_cuda_allocator(caller)) {
+    mark = on_allocation(ptr, static_cast<int64_t>(usable));
   }
+  marks::write(ptr, usable, mark);
   return ptr;
 }
 
@@ -230,19 +269,25 @@ inline void release(void* ptr) noexcept {
     return;
   }
   if (counting()) {
-    report(ptr, -1);
+    on_free(ptr, malloc_usable_size(ptr));
   }
   std::free(ptr);
 }
 
+// Room for the caller's bytes and the mark.
+inline std::size_t with_mark(std::size_t bytes) {
+  if (bytes > SIZE_MAX - marks::kMarkBytes) {
+    throw std::bad_alloc();
+  }
+  return (bytes == 0 ? 1 : bytes) + marks::kMarkBytes;
+}
+
 // The standard's loop: call the new-handler until it gives memory or throws.
 void* allocate(std::size_t bytes, void* caller) {
-  if (bytes == 0) {
-    bytes = 1;
-  }
+  bytes = with_mark(bytes);
   for (;;) {
     if (void* ptr = std::malloc(bytes)) {
-      return counted(ptr, caller);
+      return marked(ptr, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -257,13 +302,11 @@ void* allocate_aligned(std::size_t bytes, std::align_val_t alignment, void* call
   if (align < sizeof(void*)) {
     align = sizeof(void*);
   }
-  if (bytes == 0) {
-    bytes = 1;
-  }
+  bytes = with_mark(bytes);
   for (;;) {
     void* ptr = nullptr;
     if (posix_memalign(&ptr, align, bytes) == 0 && ptr != nullptr) {
-      return counted(ptr, caller);
+      return marked(ptr, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -347,8 +390,15 @@ extern "C" {
 // process-wide sink: only while an observation is open, so operator new
 // costs one load outside leak tests.
 void glt_process_observe_host_objects(int observed) {
+  using namespace marks;
+  std::lock_guard<std::mutex> guard(tags_mutex);
   if (observed != 0) {
-    counted_blocks::reset();
+    process_baseline = figures_of(0);
+    // A new epoch: blocks marked in an earlier one are not this one's.
+    last_epoch = static_cast<uint16_t>(last_epoch + 1 == 0 ? 1 : last_epoch + 1);
+    epoch.store(last_epoch, std::memory_order_relaxed);
+  } else {
+    epoch.store(0, std::memory_order_relaxed);
   }
   glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_release);
 }
@@ -356,14 +406,62 @@ void glt_process_observe_host_objects(int observed) {
 // The process's counted C++ heap since the observation opened: live bytes
 // of the blocks allocated since, and the allocations and frees counted.
 void glt_process_host_objects(int64_t* bytes, uint64_t* events) {
-  int64_t total = 0;
-  uint64_t counted = 0;
-  for (auto& shard : counted_blocks::shards) {
-    total += shard.bytes.load(std::memory_order_relaxed);
-    counted += shard.events.load(std::memory_order_relaxed);
+  using namespace marks;
+  std::lock_guard<std::mutex> guard(tags_mutex);
+  Figures figures = minus(figures_of(0), process_baseline);
+  *bytes = figures.bytes;
+  *events = figures.allocations + figures.frees;
+}
+
+// A tag for one tracker's C++ heap blocks, 1..255, or 0 where all are held
+// (the tracker then counts its blocks itself). Each taking starts a new
+// generation of the tag, so blocks of its earlier holders are not the new
+// one's.
+int glt_host_objects_acquire_tag() {
+  using namespace marks;
+  std::lock_guard<std::mutex> guard(tags_mutex);
+  for (int tried = 1; tried < kTags; ++tried) {
+    int tag = next_tag;
+    next_tag = next_tag + 1 < kTags ? next_tag + 1 : 1;
+    uint16_t state = tag_state[tag].load(std::memory_order_relaxed);
+    if ((state & kHeld) == 0) {
+      tag_baseline[tag] = figures_of(tag);
+      tag_state[tag].store(kHeld | ((state + 1) & 0xFF), std::memory_order_relaxed);
+      return tag;
+    }
   }
-  *bytes = total;
-  *events = counted;
+  return 0;
+}
+
+void glt_host_objects_release_tag(int tag) {
+  using namespace marks;
+  if (tag <= 0 || tag >= kTags) {
+    return;
+  }
+  std::lock_guard<std::mutex> guard(tags_mutex);
+  tag_state[tag].store(tag_state[tag].load(std::memory_order_relaxed) & 0xFF, std::memory_order_relaxed);
+  tag_recording[tag].store(false, std::memory_order_relaxed);
+}
+
+// One tag's counted C++ heap since it was acquired.
+void glt_host_objects_of_tag(int tag, int64_t* bytes, uint64_t* allocations, uint64_t* frees) {
+  using namespace marks;
+  Figures figures;
+  if (tag > 0 && tag < kTags) {
+    std::lock_guard<std::mutex> guard(tags_mutex);
+    figures = minus(figures_of(tag), tag_baseline[tag]);
+  }
+  *bytes = figures.bytes;
+  *allocations = figures.allocations;
+  *frees = figures.frees;
+}
+
+// Also reports the tag's blocks to its tracker's hook (record = 1), which
+// keeps them with their stacks, for attribution.
+void glt_host_objects_record_tag(int tag, int record) {
+  if (tag > 0 && tag < marks::kTags) {
+    marks::tag_recording[tag].store(record != 0, std::memory_order_relaxed);
+  }
 }
 
 // Also feeds the process sink's tracker (record = 1), for attribution.

@@ -330,11 +330,17 @@ void register_hook(RustHook* hook, bool alive) {
 }
 
 struct RustHook final : c10::MemoryReportingInfoBase {
-  RustHook(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release, void* context)
-      : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context) {
+  RustHook(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release, void* context, uint8_t tag)
+      : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context), tag(tag) {
     register_hook(this, true);
+    if (tag == 0) {
+      glt::untagged_hooks.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   ~RustHook() override {
+    if (tag == 0) {
+      glt::untagged_hooks.fetch_sub(1, std::memory_order_relaxed);
+    }
     register_hook(this, false);
     on_release(context);
   }
@@ -351,6 +357,9 @@ struct RustHook final : c10::MemoryReportingInfoBase {
   glt_oom_fn on_oom;
   glt_release_fn on_release;
   void* context;
+  // The tracker's tag for its C++ heap blocks (host_objects.cpp), or 0
+  // where none was free: then each block reaches the tracker itself.
+  uint8_t tag;
 };
 }  // namespace
 }  // extern "C"
@@ -366,6 +375,14 @@ RustHook* innermost_hook() {
 }  // namespace
 
 namespace glt {
+std::atomic<int> untagged_hooks{0};
+
+uint8_t current_hook_tag(bool* hooked) {
+  RustHook* hook = own_hook != nullptr ? own_hook : innermost_hook();
+  *hooked = hook != nullptr;
+  return hook != nullptr ? hook->tag : 0;
+}
+
 void report_to_hook(void* ptr, int64_t size, int32_t device_type, int32_t index) {
   if (size < 0) {
     // A free, to every hook: each tracker forgets the block if it had it.
@@ -390,10 +407,11 @@ extern "C" {
 
 // Pushes a hook onto this thread's debug-info stack. The hook owns `context`
 // from here on and calls on_release exactly once, also when pushing fails.
+// `tag` is the tracker's from glt_host_objects_acquire_tag, or 0.
 char* glt_hook_push(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_release,
-                    void* context) {
+                    void* context, int tag) {
   return guarded([&] {
-    auto hook = std::make_shared<RustHook>(on_event, on_oom, on_release, context);
+    auto hook = std::make_shared<RustHook>(on_event, on_oom, on_release, context, static_cast<uint8_t>(tag));
     RustHook* pushed = hook.get();
     c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(hook));
     own_hook = pushed;

@@ -45,6 +45,13 @@ constexpr int32_t kPinnedByLibtorchDeviceType = -5;
 extern std::atomic<int> host_object_hooks;
 extern std::atomic<int> host_objects_observed;
 
+// The tag of the innermost gpu-leak-test hook on this thread (0 where its
+// tracker has none), and whether there is one (shim.cpp).
+uint8_t current_hook_tag(bool* hooked);
+// Hooks without a tag: each C++ heap free must reach them (see
+// report_to_hook).
+extern std::atomic<int> untagged_hooks;
+
 // Reports a block the hook cannot see itself (a C++ heap block, a driver
 // allocation; size > 0) to the hook on this thread, where there is one,
 // and its free (size < 0) to every hook.

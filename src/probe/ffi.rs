@@ -48,8 +48,13 @@ extern "C" {
         on_oom: OomFn,
         on_release: ReleaseFn,
         context: *mut c_void,
+        tag: c_int,
     ) -> *mut c_char;
     pub(crate) fn glt_hook_pop() -> *mut c_char;
+    pub(crate) fn glt_host_objects_acquire_tag() -> c_int;
+    pub(crate) fn glt_host_objects_release_tag(tag: c_int);
+    pub(crate) fn glt_host_objects_of_tag(tag: c_int, bytes: *mut i64, allocations: *mut u64, frees: *mut u64);
+    pub(crate) fn glt_host_objects_record_tag(tag: c_int, record: c_int);
     pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
     pub(crate) fn glt_process_observe_host_objects(observed: c_int);
     pub(crate) fn glt_host_objects_switch_off(off: c_int);

@@ -7,7 +7,8 @@
 //! is what keeps tests in parallel threads apart.
 //!
 //! Counting costs one uncontended lock and a map update per event (see
-//! `benches/RESULTS.md`, "Cost per allocator event"). Site recording
+//! `benches/RESULTS.md`, "Cost per allocator event"); the C++ heap's far
+//! more frequent events are counted in the shim, under the tracker's tag. Site recording
 //! ([`Tracker::start_recording`]) additionally keeps every live allocation
 //! with an unresolved stack, for attribution after a test has failed.
 use super::stacks::Stack;
@@ -15,11 +16,11 @@ use crate::error::{Error, Result};
 use crate::layer::Layer;
 use super::ffi;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tch::Device;
 
 /// Slot 0 is the CPU, slots 1..=MAX_CUDA_DEVICES are cuda:0.., the next one
@@ -266,6 +267,26 @@ pub(super) struct TrackerState {
     tag: AtomicU32,
     max_frames: usize,
     last_oom: Mutex<(u64, Option<OutOfMemory>)>,
+    /// The shim's tag for this tracker's C++ heap blocks, taken when it is
+    /// first entered: the shim counts them itself, without a lock or a call
+    /// per event. 0 where every tag was held; the blocks then come here.
+    host_objects_tag: OnceLock<c_int>,
+}
+
+impl TrackerState {
+    fn host_objects_tag(&self) -> Option<c_int> {
+        self.host_objects_tag.get().copied().filter(|&tag| tag != 0)
+    }
+}
+
+impl Drop for TrackerState {
+    fn drop(&mut self) {
+        // Every hook holds this state, so none carries the tag any more.
+        if let Some(tag) = self.host_objects_tag() {
+            // SAFETY: gives back a tag this state took.
+            unsafe { ffi::glt_host_objects_release_tag(tag) };
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -404,6 +425,7 @@ impl Tracker {
                 max_frames: super::stacks::DEFAULT_MAX_FRAMES,
                 owner_token: thread_token(),
                 last_oom: Mutex::new((0, None)),
+                host_objects_tag: OnceLock::new(),
             }),
         }
     }
@@ -411,10 +433,12 @@ impl Tracker {
     /// Installs the hook on the current thread until the guard drops. Enter
     /// it on helper threads too when their allocations belong to the test.
     pub fn enter(&self) -> Result<HookGuard> {
+        // SAFETY: takes a free tag, or 0.
+        let tag = *self.state.host_objects_tag.get_or_init(|| unsafe { ffi::glt_host_objects_acquire_tag() });
         let context = Arc::into_raw(self.state.clone()) as *mut c_void;
         // SAFETY: the callbacks match the shim's typedefs; the shim owns
         // `context` from here on and releases it through on_release.
-        let error = unsafe { ffi::glt_hook_push(on_event, on_oom, on_release, context) };
+        let error = unsafe { ffi::glt_hook_push(on_event, on_oom, on_release, context, tag) };
         ffi::check("glt_hook_push", error).map_err(|e| Error::Hook {
             message: format!("could not install the allocation hook on this thread: {e}"),
         })?;
@@ -453,6 +477,13 @@ impl Tracker {
     }
 
     fn slot_view(&self, slot: usize) -> HookView {
+        if let Some(tag) = self.state.host_objects_tag().filter(|_| slot == HOST_OBJECTS_SLOT) {
+            let (mut live_bytes, mut allocations, mut frees) = (0i64, 0u64, 0u64);
+            // SAFETY: plain out-parameters.
+            unsafe { ffi::glt_host_objects_of_tag(tag, &mut live_bytes, &mut allocations, &mut frees) };
+            // The shim keeps no peak; no budget is set on this layer.
+            return HookView { live_bytes, peak_bytes: live_bytes, allocations, frees };
+        }
         let slot = lock(&self.state.counts).slots[slot];
         HookView { live_bytes: slot.live, peak_bytes: slot.peak, allocations: slot.allocations, frees: slot.frees }
     }
@@ -501,6 +532,16 @@ impl Tracker {
     pub fn start_recording(&self, tag: u32) {
         self.state.tag.store(tag, Relaxed);
         self.state.recording.store(true, Relaxed);
+        self.record_host_objects(true);
+    }
+
+    /// Has the shim send this tracker's C++ heap blocks here too (`on`),
+    /// to be kept with their stacks.
+    fn record_host_objects(&self, on: bool) {
+        if let Some(tag) = self.state.host_objects_tag() {
+            // SAFETY: sets a flag of a tag this tracker holds.
+            unsafe { ffi::glt_host_objects_record_tag(tag, on as c_int) };
+        }
     }
 
     /// Tags allocations from now on (the harness passes the iteration).
@@ -511,6 +552,7 @@ impl Tracker {
     /// Stops recording; allocations recorded so far stay in the record.
     pub fn stop_recording(&self) {
         self.state.recording.store(false, Relaxed);
+        self.record_host_objects(false);
     }
 
     /// Recorded allocations that are still alive, largest first.
@@ -552,7 +594,12 @@ impl Tracker {
 
     /// Forgets the stacks recorded so far (the blocks stay counted).
     pub fn clear_recorded(&self) {
-        lock(&self.state.counts).blocks.values_mut().for_each(|b| b.recorded = None);
+        let tagged = self.state.host_objects_tag().is_some();
+        let mut counts = lock(&self.state.counts);
+        // C++ heap blocks the shim counts came here only to be recorded;
+        // their frees stop coming with the recording.
+        counts.blocks.retain(|_, b| !(tagged && b.slot == HOST_OBJECTS_SLOT));
+        counts.blocks.values_mut().for_each(|b| b.recorded = None);
     }
 
     /// Frees libtorch reported for blocks this tracker never saw allocated
@@ -621,6 +668,45 @@ mod tests {
         assert_eq!(layer_of_slot(pinned), Layer::Tensors(Device::Cpu));
         assert_ne!(pinned, 0);
         assert!((0..SLOTS).all(|slot| slot_of_layer(layer_of_slot(slot)) == slot || frees_broadcast(slot)));
+    }
+
+    #[test]
+    fn an_entered_tracker_has_the_shim_count_its_cpp_heap_freed_on_any_thread() {
+        let tracker = Tracker::new();
+        let hook = tracker.enter().unwrap();
+        assert!(tracker.state.host_objects_tag().is_some(), "a tag is free");
+        // libtorch's first tensor under a hook makes state it keeps.
+        drop(tch::Tensor::zeros([4], (tch::Kind::Float, Device::Cpu)));
+        let before = tracker.layer_view(Layer::HostObjects);
+        let tensor = tch::Tensor::zeros([4], (tch::Kind::Float, Device::Cpu));
+        let with = tracker.layer_view(Layer::HostObjects);
+        assert!(with.live_bytes - before.live_bytes >= 128, "{before:?} -> {with:?}");
+        assert!(with.allocations > before.allocations);
+        assert_eq!(lock(&tracker.state.counts).slots[HOST_OBJECTS_SLOT].allocations, 0, "not through the callback");
+        // Freed on a thread without the hook: still this tracker's blocks.
+        // (libtorch keeps one 24 B block alive when a tensor is dropped on
+        // another thread, so the count comes down, not all the way.)
+        std::thread::spawn(move || drop(tensor)).join().unwrap();
+        let after = tracker.layer_view(Layer::HostObjects);
+        assert!(after.live_bytes < with.live_bytes - 128, "{with:?} -> {after:?}");
+        assert!(after.frees >= with.frees + 3, "{with:?} -> {after:?}");
+        drop(hook);
+    }
+
+    #[test]
+    fn a_recording_tracker_keeps_its_cpp_heap_blocks_with_stacks_and_forgets_them_after() {
+        let tracker = Tracker::new();
+        let hook = tracker.enter().unwrap();
+        tracker.start_recording(1);
+        let tensor = tch::Tensor::zeros([4], (tch::Kind::Float, Device::Cpu));
+        tracker.stop_recording();
+        let survivors = tracker.recorded_survivors();
+        assert!(survivors.iter().any(|s| s.layer == Layer::HostObjects), "{survivors:?}");
+        drop(tensor);
+        tracker.clear_recorded();
+        let kept = lock(&tracker.state.counts).blocks.values().filter(|b| b.slot == HOST_OBJECTS_SLOT).count();
+        assert_eq!(kept, 0);
+        drop(hook);
     }
 
     #[test]
