@@ -11,7 +11,7 @@ use crate::probe::{Snapshot, Tracker};
 use crate::report::{DeviceResult, HarnessTime, MemoryViews, Report, RunSettings, Sample};
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
-use crate::verdict::{self, Phase, Series, Verdict};
+use crate::verdict::{self, Confirmation, Phase, Series, Verdict};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -348,15 +348,18 @@ impl<'a> Run<'a> {
 
     /// The exact series of one followed layer, from the samples so far.
     fn series(&self, index: usize) -> Series {
-        let at = |phases: &[Phase]| -> Vec<i64> {
-            self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(|(_, l)| l[index]).collect()
-        };
+        let at = |phases: &[Phase]| -> Vec<i64> { self.levels_in(index, phases).collect() };
         Series {
             start: self.start[index],
             after_setup: at(&[Phase::Setup]).first().copied().unwrap_or(self.start[index]),
             warmup: at(&[Phase::WarmUp]),
             measured: at(&[Phase::Measure, Phase::Confirm]),
         }
+    }
+
+    /// Layer `index`'s level after each sample taken in one of `phases`.
+    fn levels_in<'s>(&'s self, index: usize, phases: &'s [Phase]) -> impl Iterator<Item = i64> + 's {
+        self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(move |(_, l)| l[index])
     }
 
     /// One value before the first measured iteration (at the last warm-up or
@@ -436,9 +439,12 @@ impl<'a> Run<'a> {
             // grows, so confirmation stops: more would only pile up more of
             // the leak (a runaway one until the machine runs out). The other
             // layers are decided on the iterations run.
-            let certain = |d: usize| verdict::certain_leak(&self.series(d), settings.iterations, threshold);
-            let more = |d: usize| verdict::needs_more(&self.series(d), settings.iterations, threshold);
-            if self.judged().into_iter().any(certain) || !self.judged().into_iter().any(more) {
+            let asks: Vec<Confirmation> = self
+                .judged()
+                .into_iter()
+                .map(|d| verdict::confirmation(&self.series(d), settings.iterations, threshold))
+                .collect();
+            if asks.contains(&Confirmation::CertainLeak) || !asks.contains(&Confirmation::NeedsMore) {
                 break;
             }
             if let Some(why) = self.next_iteration_could_exhaust() {
@@ -583,9 +589,7 @@ impl<'a> Run<'a> {
     /// cache, a library's scratch) leaves the trough where it was; something
     /// kept every iteration lifts it.
     fn trough_rose_during_attribution(&self, index: usize) -> bool {
-        let lowest = |phases: &[Phase]| {
-            self.samples.iter().zip(&self.levels).filter(|(s, _)| phases.contains(&s.phase)).map(|(_, l)| l[index]).min()
-        };
+        let lowest = |phases: &[Phase]| self.levels_in(index, phases).min();
         match (lowest(&[Phase::Measure, Phase::Confirm]), lowest(&[Phase::Attribution])) {
             (Some(before), Some(during)) => during > before,
             _ => false,

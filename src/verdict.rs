@@ -442,25 +442,31 @@ pub(crate) fn host_objects_after_attribution(
     }
 }
 
-/// Whether the protocol should run another confirmation iteration: the
-/// shape is still growing, the bound allows more, and the growth is not
-/// already a certain leak.
-pub(crate) fn needs_more(series: &Series, window: u32, threshold_bytes: u64) -> bool {
-    series.measured.len() < confirmation_bound(window) as usize
-        && matches!(shape(series.baseline(), &series.measured, window, threshold_bytes), Shape::Growing { .. })
-        && !certain_leak(series, window, threshold_bytes)
+/// What one layer's levels so far ask of the confirmation loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Confirmation {
+    /// A rise exact for twice the window (see [`exact_for`]): a leak beyond
+    /// doubt. Confirmation stops there, for every layer.
+    CertainLeak,
+    /// Still growing, and the bound allows another iteration.
+    NeedsMore,
+    /// Decided on the iterations run: not growing, or at the bound.
+    Decided,
 }
 
-/// Whether the levels so far are a leak beyond doubt: a rise exact for
-/// twice the window (see [`exact_for`]): confirmation stops there, for
-/// every layer.
-pub(crate) fn certain_leak(series: &Series, window: u32, threshold_bytes: u64) -> bool {
+/// Whether layer's levels so far need another confirmation iteration, or
+/// are already a certain leak; one shape per call.
+pub(crate) fn confirmation(series: &Series, window: u32, threshold_bytes: u64) -> Confirmation {
     let baseline = series.baseline();
-    match shape(baseline, &series.measured, window, threshold_bytes) {
-        Shape::Growing { drift: Some((period, bytes)) } => {
-            exact_for(baseline, &series.measured, period, bytes, 2 * window.max(1) as usize)
-        }
-        _ => false,
+    let Shape::Growing { drift } = shape(baseline, &series.measured, window, threshold_bytes) else {
+        return Confirmation::Decided;
+    };
+    if drift.is_some_and(|(period, bytes)| exact_for(baseline, &series.measured, period, bytes, 2 * window.max(1) as usize)) {
+        Confirmation::CertainLeak
+    } else if series.measured.len() < confirmation_bound(window) as usize {
+        Confirmation::NeedsMore
+    } else {
+        Confirmation::Decided
     }
 }
 
@@ -608,7 +614,7 @@ mod tests {
         for i in 1..=window {
             s.measured.push(level(i));
         }
-        while needs_more(&s, window, threshold) {
+        while confirmation(&s, window, threshold) == Confirmation::NeedsMore {
             s.measured.push(level(s.measured.len() as u32 + 1));
         }
         (decide(&s, window, threshold, None), s.measured.len())
