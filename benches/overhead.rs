@@ -23,6 +23,9 @@
 //!    and sawtooths of every period up to the window, in every phase.
 //! 5. Misses over 1,000 runs of leaks every k-th iteration, k from 1 to
 //!    half the window, in every phase.
+//! 6. Long windows: the harness's cost per iteration of a tiny body at
+//!    1,000 and 100,000 iterations, clean, and for a leak at 1,000 and
+//!    10,000 (which confirms for twice its window).
 //!
 //! Sections can be named to run only them: `overhead --bench heavy step`
 //! (the names are in `SECTIONS`); `--runs=10000` sets the clean runs of the
@@ -622,6 +625,46 @@ fn false_alarms(device: &str, runs: usize) -> (usize, usize) {
     (alarms, per_thread * threads)
 }
 
+/// One leak test of a tiny CPU body (a one-element tensor made, and kept
+/// where `leaking`) over `iterations` measured iterations: the harness's
+/// time per iteration run, body included, and the iterations it ran.
+fn long_run(iterations: u32, leaking: bool) -> (f64, u32) {
+    let mut kept = Vec::new();
+    let start = Instant::now();
+    let report = LeakTest::new(format!("long_{iterations}_{leaking}"))
+        .device(Device::Cpu)
+        .iterations(iterations)
+        .attribution_iterations(1)
+        .run(|device| {
+            let t = Tensor::zeros([1], (Kind::Float, device));
+            if leaking {
+                kept.push(t);
+            }
+        })
+        .unwrap();
+    let elapsed = start.elapsed().as_secs_f64();
+    assert_eq!(report.verdict.is_failure(), leaking, "{report}");
+    let ran = report.samples.iter().filter(|s| !matches!(s.phase, gpu_leak_test::Phase::Setup)).count() as u32;
+    (elapsed * 1e6 / ran.max(1) as f64, ran)
+}
+
+fn long_windows(full: bool) {
+    println!("### Long windows: cost per iteration (a one-element tensor per iteration, CPU, thread scope)\n");
+    println!("| body | iterations asked | iterations run | µs per iteration | ratio to the shortest |\n| --- | --- | --- | --- | --- |");
+    let cases: &[(bool, &[u32])] =
+        if full { &[(false, &[1_000, 100_000]), (true, &[1_000, 10_000])] } else { &[(false, &[10, 100]), (true, &[10, 100])] };
+    for &(leaking, windows) in cases {
+        let mut shortest = None;
+        for &window in windows {
+            let (micros, ran) = long_run(window, leaking);
+            let ratio = micros / *shortest.get_or_insert(micros);
+            let body = if leaking { "kept (a leak)" } else { "dropped (clean)" };
+            println!("| {body} | {window} | {ran} | {micros:.1} | {ratio:.2} |");
+        }
+    }
+    println!();
+}
+
 /// Writing one report's files (JSON, page, index row) into a folder that
 /// already holds 10 reports, and into one that holds many: the index must
 /// cost the same. 200 writes each (20 tests, 10 runs), compactions included.
@@ -653,7 +696,7 @@ fn index_cost(scale: &Scale) {
 
 /// The sections, in the order they print;/// The sections, in the order they print; `overhead --bench heavy step`
 /// runs only the ones named.
-const SECTIONS: &[&str] = &["step", "heavy", "events", "capture", "index", "sensitivity", "false-alarms", "shapes"];
+const SECTIONS: &[&str] = &["step", "heavy", "events", "capture", "index", "sensitivity", "false-alarms", "shapes", "long"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -715,6 +758,9 @@ fn main() {
             assert!(full || alarms == 0, "false alarms in the smoke run");
         }
         println!();
+    }
+    if wanted("long") {
+        long_windows(full);
     }
     if wanted("shapes") {
         println!("### Bounded shapes and periodic leaks (warm-up {SHAPE_WARMUP}, window {SHAPE_WINDOW}, threshold 0)\n");

@@ -98,6 +98,12 @@ pub(crate) fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes:
     for period in 1..=(m + 1).saturating_sub(window_len) {
         let first = m - period + 1 - window_len;
         let drift = all[first + period] - all[first];
+        // Only a period that settles changes the answer once a rising one
+        // is found, and a falling one never does: not checking those
+        // keeps a steady leak's long confirmation linear, not quadratic.
+        if drift < 0 || (drift > 0 && growing.is_some()) {
+            continue;
+        }
         if !(first..=m - period).all(|i| all[i + period] - all[i] == drift) {
             continue;
         }
@@ -107,9 +113,6 @@ pub(crate) fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes:
             } else {
                 Shape::WithinThreshold { retained_bytes }
             });
-            continue;
-        }
-        if drift < 0 {
             continue;
         }
         let mut settled_at = first;
