@@ -341,7 +341,7 @@ impl<'a> Run<'a> {
     /// Every view of the body's device now, timed as sampling.
     fn snapshot_now(&mut self) -> Snapshot {
         let started = Instant::now();
-        let snapshot = self.take_snapshot();
+        let snapshot = self.take_snapshot().with_process_memory();
         self.time.sampling += started.elapsed();
         snapshot
     }

@@ -67,6 +67,29 @@ fn driver_view_is_read() {
 }
 
 #[test]
+fn the_drivers_per_process_figure_holds_what_the_process_holds_or_says_why_not() {
+    let Some(index) = cuda_device_or_skip("the_drivers_per_process_figure_holds_what_the_process_holds_or_says_why_not") else {
+        return;
+    };
+    // 256 MiB held through the allocator: at least that is the process's.
+    let held = Tensor::zeros([64 << 20], (Kind::Float, Device::Cuda(index)));
+    cuda::synchronize(index).unwrap();
+    match cuda::process_memory(index) {
+        Ok(bytes) => {
+            eprintln!("NVML: this process holds {bytes} bytes on cuda:{index}");
+            assert!(bytes >= 256 << 20, "{bytes} bytes with 256 MiB held");
+        }
+        // Some runners (a container, MIG) give no per-process figure; the
+        // reason is what the report leaves the row out for.
+        Err(why) => {
+            eprintln!("NVML gives no per-process figure here: {why}");
+            assert!(why.contains("NVML"), "{why}");
+        }
+    }
+    drop(held);
+}
+
+#[test]
 fn clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul() {
     let Some(index) = common::caching_cuda_device_or_skip("clearing_cublas_workspaces_lowers_allocated_bytes_after_a_matmul") else {
         return;

@@ -296,6 +296,26 @@ pub fn driver_memory(index: usize) -> Result<DriverMemory> {
     Ok(DriverMemory { free_bytes, total_bytes })
 }
 
+/// The device memory this process holds on `cuda:index`, as the driver
+/// counts it per process (NVML, what `nvidia-smi` lists), or why that
+/// cannot be read here. A view that confirms the counted layers: it takes
+/// in everything the process holds on the device, contexts included.
+pub fn process_memory(index: usize) -> std::result::Result<u64, String> {
+    let device = check_device(index).map_err(|e| e.to_string())?;
+    let (mut bytes, mut available, mut why): (u64, c_int, *mut c_char) = (0, 0, std::ptr::null_mut());
+    // SAFETY: plain out-parameters; `why` is a string the shim allocated.
+    ffi::check("glt_cuda_process_memory", unsafe {
+        ffi::glt_cuda_process_memory(device, &mut bytes, &mut available, &mut why)
+    })
+    .map_err(|e| e.to_string())?;
+    let why = ffi::take_string(why);
+    if available != 0 {
+        Ok(bytes)
+    } else {
+        Err(why.unwrap_or_else(|| "NVML gave no figure".into()))
+    }
+}
+
 /// Frees cuBLAS's per-handle workspaces, which live in the caching allocator
 /// and outlive every tensor.
 pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {

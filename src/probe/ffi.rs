@@ -38,6 +38,12 @@ extern "C" {
     pub(crate) fn glt_cuda_reset_peak_stats(device: i32) -> *mut c_char;
     pub(crate) fn glt_cuda_synchronize(device: i32) -> *mut c_char;
     pub(crate) fn glt_cuda_driver_memory(device: i32, free: *mut u64, total: *mut u64) -> *mut c_char;
+    pub(crate) fn glt_cuda_process_memory(
+        device: i32,
+        bytes: *mut u64,
+        available: *mut c_int,
+        why: *mut *mut c_char,
+    ) -> *mut c_char;
     pub(crate) fn glt_cuda_clear_cublas_workspaces(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_cuda_allocator_backend(name: *mut *mut c_char) -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_held_bytes(current: *mut i64, peak: *mut i64, available: *mut c_int) -> *mut c_char;

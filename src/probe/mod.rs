@@ -33,6 +33,11 @@ pub struct Snapshot {
     pub driver: Option<DriverMemory>,
     /// The host heap in use (whole process), where the C library says.
     pub host_heap: Option<u64>,
+    /// The device memory this process holds, as the driver counts it per
+    /// process (NVML); read only before and after the window
+    /// ([`Snapshot::with_process_memory`]), since asking costs more than a
+    /// sample should.
+    pub process: Option<u64>,
 }
 
 impl Snapshot {
@@ -46,6 +51,14 @@ impl Snapshot {
             }
             _ => (None, None),
         };
-        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap: host::heap_in_use() }
+        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap: host::heap_in_use(), process: None }
+    }
+
+    /// The same, with the driver's per-process figure where NVML gives one.
+    pub fn with_process_memory(mut self) -> Snapshot {
+        if let Device::Cuda(index) = self.device {
+            self.process = cuda::process_memory(index).ok();
+        }
+        self
     }
 }

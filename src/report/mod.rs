@@ -122,6 +122,10 @@ pub struct MemoryViews {
     /// The host heap in use, whole process (glibc's `mallinfo2`).
     #[serde(default)]
     pub host_heap_bytes: Option<u64>,
+    /// What this process holds on the device, as the driver counts it per
+    /// process (NVML, `nvidia-smi`'s figure), where NVML gives one.
+    #[serde(default)]
+    pub driver_process_bytes: Option<u64>,
 }
 
 impl MemoryViews {
@@ -135,6 +139,7 @@ impl MemoryViews {
             driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
             driver_total_bytes: snapshot.driver.map(|d| d.total_bytes),
             host_heap_bytes: snapshot.host_heap,
+            driver_process_bytes: snapshot.process,
         }
     }
 }

@@ -416,6 +416,7 @@ fn views_table(report: &Report, out: &mut String) {
     row(out, "allocator allocated (whole process)", signed(before.allocated_bytes), signed(after.allocated_bytes));
     row(out, "allocator reserved (cached too)", signed(before.reserved_bytes), signed(after.reserved_bytes));
     row(out, "driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
+    row(out, "driver used (this process, NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes));
     row(out, "host heap in use (whole process)", signed(before.host_heap_bytes), signed(after.host_heap_bytes));
     if before.allocated_bytes.is_none() {
         let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
