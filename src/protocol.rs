@@ -201,6 +201,9 @@ struct Run<'a> {
 
 /// How often a long run says on stderr where it is.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// Confirmation asks the layers' shapes about this many times per doubling
+/// of the iterations run, once past this many (see the confirmation loop).
+const SHAPE_CHECKS: u32 = 64;
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -434,18 +437,28 @@ impl<'a> Run<'a> {
         // confirmation iterations run until it can, up to the bound.
         let threshold = settings.threshold_bytes();
         let mut n = settings.iterations;
+        let bound = verdict::confirmation_bound(settings.iterations);
         loop {
-            // Once a layer is a certain leak the test fails whatever else
-            // grows, so confirmation stops: more would only pile up more of
-            // the leak (a runaway one until the machine runs out). The other
-            // layers are decided on the iterations run.
-            let asks: Vec<Confirmation> = self
-                .judged()
-                .into_iter()
-                .map(|d| verdict::confirmation(&self.series(d), settings.iterations, threshold))
-                .collect();
-            if asks.contains(&Confirmation::CertainLeak) || !asks.contains(&Confirmation::NeedsMore) {
-                break;
+            // Asking reads each layer's whole history, so once the run is
+            // past SHAPE_CHECKS iterations it asks only every
+            // n / SHAPE_CHECKS-th: a long window's confirmation costs the
+            // same per iteration as a short one's, for at most that share
+            // of iterations more (the memory budget is still asked every
+            // iteration).
+            let stride = (n / SHAPE_CHECKS).max(1);
+            if (n - settings.iterations) % stride == 0 || n >= bound {
+                // Once a layer is a certain leak the test fails whatever
+                // else grows, so confirmation stops: more would only pile
+                // up more of the leak (a runaway one until the machine runs
+                // out). The other layers are decided on the iterations run.
+                let asks: Vec<Confirmation> = self
+                    .judged()
+                    .into_iter()
+                    .map(|d| verdict::confirmation(&self.series(d), settings.iterations, threshold))
+                    .collect();
+                if asks.contains(&Confirmation::CertainLeak) || !asks.contains(&Confirmation::NeedsMore) {
+                    break;
+                }
             }
             if let Some(why) = self.next_iteration_could_exhaust() {
                 self.notes.push(format!("confirmation stopped after {} iterations: {why}", n - settings.iterations));
