@@ -4,7 +4,7 @@ use crate::config::{self, Options, Settings};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::isolation::{self, ChildOutcome};
-use crate::protocol::Started;
+use crate::protocol::{Started, TestIdentity};
 use crate::scope::Runner;
 use crate::report::Report;
 use crate::verdict::Verdict;
@@ -179,8 +179,17 @@ impl LeakTest {
     /// remaps it when it runs an archive on a machine where the build-time
     /// path does not exist).
     pub fn crate_root(&self) -> Option<PathBuf> {
-        let runtime = || std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).filter(|p| p.is_dir());
-        self.root.clone().filter(|root| root.is_dir()).or_else(runtime)
+        self.identity().crate_root()
+    }
+
+    /// Who the protocol measures.
+    fn identity(&self) -> TestIdentity {
+        TestIdentity {
+            name: self.name.clone(),
+            location: self.location.clone(),
+            root: self.root.clone(),
+            expected_failure: self.expected_failure,
+        }
     }
 
     /// Resolves settings (attribute, environment, defaults) and the device.
@@ -217,13 +226,13 @@ impl LeakTest {
     pub fn try_run<E: std::fmt::Debug>(&self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> Result<Report> {
         let started = Started::now();
         let (settings, device) = self.resolve()?;
-        Ok(crate::protocol::measure(self, &settings, device, started, move |device| {
+        Ok(crate::protocol::measure(&self.identity(), &settings, device, started, move |device| {
             Ok(move || body(device).map_err(|e| format!("{e:?}")))
         }))
     }
 
     fn measure_setup_form<I: FnMut()>(&self, settings: &Settings, device: Device, started: Started, setup: impl FnOnce(Device) -> I) -> Report {
-        crate::protocol::measure(self, settings, device, started, |device| {
+        crate::protocol::measure(&self.identity(), settings, device, started, |device| {
             let mut iteration = setup(device);
             Ok(move || {
                 iteration();
@@ -274,7 +283,7 @@ impl LeakTest {
         };
         let mut first_error = None;
         let first_error_slot = &mut first_error;
-        let report = crate::protocol::measure(&test, &settings, device, started, |device| {
+        let report = crate::protocol::measure(&test.identity(), &settings, device, started, |device| {
             Ok(move || {
                 body(device).map_err(|e| {
                     let message = format!("{e:?}");
@@ -398,26 +407,11 @@ pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
         }
     }
 }
-
-/// Writes the JSON report (and plot, page and index) where the settings
-/// say; a failure to write is a warning and never changes the verdict.
-pub(crate) fn write_files(report: &mut Report, settings: &Settings) {
-    let dir = settings.report_dir.clone().unwrap_or_else(crate::report::files::default_report_dir);
-    match crate::report::files::write_report(report, &dir, settings.plots) {
-        Ok(files) => report.files = Some(files),
-        Err(why) => notice(&format!(
-            "gpu-leak-test: warning: {}: the report was not written ({why}); the verdict stands. \
-             Set GPU_LEAK_TEST_REPORT_DIR to a writable folder.",
-            report.test
-        )),
-    }
-}
-
-/// [`write_files`], then the timing line where GPU_LEAK_TEST_TIMINGS asks
+/// The report's files (`report::files::write_or_warn`), then the timing line where GPU_LEAK_TEST_TIMINGS asks
 /// for one; `started` is when `check*` began.
 fn write_files_timed(report: &mut Report, settings: &Settings, started: Started) {
     let writing = Instant::now();
-    write_files(report, settings);
+    crate::report::files::write_or_warn(report, settings);
     if let Some(file) = config::timings_file() {
         crate::report::files::append_timing(&file, report, writing.elapsed(), started.elapsed());
     }

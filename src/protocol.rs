@@ -4,7 +4,6 @@ use crate::attribution::{self, Attribution};
 use crate::config::Settings;
 use crate::device;
 use crate::layer::Layer;
-use crate::leak_test::LeakTest;
 use crate::probe::process::{Coverage, Observation};
 use crate::probe::sources::{self, Source};
 use crate::probe::{Snapshot, Tracker};
@@ -37,8 +36,28 @@ impl Started {
 }
 
 /// The protocol, on a resolved device. `setup` returns the iteration.
+/// What the protocol needs to know of the test it measures: who it is and
+/// where, not how it was configured (that is `Settings`).
+#[derive(Debug, Clone)]
+pub(crate) struct TestIdentity {
+    pub(crate) name: String,
+    pub(crate) location: Option<String>,
+    /// The crate the test belongs to, where sites are named relative to.
+    pub(crate) root: Option<std::path::PathBuf>,
+    pub(crate) expected_failure: bool,
+}
+
+impl TestIdentity {
+    /// The crate's folder, where it exists here; else CARGO_MANIFEST_DIR at
+    /// run time (see `LeakTest::crate_root`).
+    pub(crate) fn crate_root(&self) -> Option<std::path::PathBuf> {
+        let runtime = || std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).filter(|p| p.is_dir());
+        self.root.clone().filter(|root| root.is_dir()).or_else(runtime)
+    }
+}
+
 pub(crate) fn measure<I>(
-    test: &LeakTest,
+    test: &TestIdentity,
     settings: &Settings,
     device: Device,
     started: Started,
@@ -158,7 +177,7 @@ fn coverage_notes(body: Device, scope: ResolvedScope, coverage: &Coverage, layer
 
 /// State of one run of the protocol.
 struct Run<'a> {
-    test: &'a LeakTest,
+    test: &'a TestIdentity,
     settings: &'a Settings,
     /// Where the body runs.
     device: Device,
@@ -243,7 +262,7 @@ fn followed_layers(body: Device) -> Vec<Layer> {
 
 impl<'a> Run<'a> {
     fn new(
-        test: &'a LeakTest,
+        test: &'a TestIdentity,
         settings: &'a Settings,
         device: Device,
         scope: ResolvedScope,

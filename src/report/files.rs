@@ -5,11 +5,10 @@
 //! file; a failed write is a warning and never changes a verdict.
 use super::format::device_name;
 use super::json;
+use super::disk::{append, create_folder, write_atomically};
 use super::{svg, Report};
 use crate::config::Plots;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What was written for one report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,52 +101,6 @@ fn file_stem_in(identity: &str, test: &str, device: &str) -> String {
     format!("{readable}.{}.{:08x}", device.replace(':', ""), hash as u32)
 }
 
-/// Writes `contents` to `path` through a temporary file in the same folder:
-/// the rename means a reader never sees half a file. No fsync: a report can
-/// be written again, and syncing three files per test cost more than the
-/// rest of the harness on a passing test.
-pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temporary = dir.join(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        std::fs::File::create(&temporary)?.write_all(contents)?;
-        std::fs::rename(&temporary, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    result
-}
-
-/// Appends `text` to `path` (created if missing) in one `write`: lines
-/// appended by several processes at once do not interleave.
-pub(crate) fn append(path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
-}
-
-/// Creates a report folder. Where the path is a symbolic link that leads
-/// nowhere (a loop, a missing target), says so: the system's own error,
-/// "File exists", hides it.
-pub(crate) fn create_folder(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| {
-        let is_link = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
-        match std::fs::metadata(dir) {
-            Err(target) if is_link => format!(
-                "cannot create {}: it is a symbolic link that leads to no folder ({target}); point it at a folder or \
-                 remove it",
-                dir.display()
-            ),
-            _ => format!("cannot create {}: {e}", dir.display()),
-        }
-    })
-}
-
 /// Writes the JSON report, the plot when `plots` asks for one, and the
 /// refreshed index. Errors say which file and why.
 pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
@@ -207,6 +160,21 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
     }
 }
 
+/// Writes the report's files where `settings` say, setting
+/// [`Report::files`]; a failure to write is a warning on stderr, since the
+/// verdict stands without them.
+pub(crate) fn write_or_warn(report: &mut Report, settings: &crate::config::Settings) {
+    let dir = settings.report_dir.clone().unwrap_or_else(default_report_dir);
+    match write_report(report, &dir, settings.plots) {
+        Ok(files) => report.files = Some(files),
+        Err(why) => eprintln!(
+            "gpu-leak-test: warning: {}: the report was not written ({why}); the verdict stands. \
+             Set GPU_LEAK_TEST_REPORT_DIR to a writable folder.",
+            report.test
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,3 +205,4 @@ mod tests {
         assert!(err.starts_with("cannot create"), "{err}");
     }
 }
+

@@ -133,7 +133,7 @@ pub const COMPACTION_SLACK: u64 = 64 * 1024;
 const PAGE_MARK: &str = "<!-- gpu-leak-test index 2; rows compacted at ";
 
 fn append(path: &Path, text: &str) -> Result<(), String> {
-    super::files::append(path, text).map_err(|e| format!("cannot append to {}: {e}", path.display()))
+    super::disk::append(path, text).map_err(|e| format!("cannot append to {}: {e}", path.display()))
 }
 
 /// The rows size recorded in the page's mark, where the page is of this
@@ -174,9 +174,9 @@ fn newest_per_report(rows: impl IntoIterator<Item = IndexRow>) -> Vec<IndexRow> 
 fn write_compacted(dir: &Path, rows: &[IndexRow], run: &str) -> Result<PathBuf, String> {
     let rows_path = dir.join("index.rows");
     let text: String = rows.iter().filter_map(|r| serde_json::to_string(r).ok()).map(|line| line + "\n").collect();
-    super::files::write_atomically(&rows_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", rows_path.display()))?;
+    super::disk::write_atomically(&rows_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", rows_path.display()))?;
     let page = dir.join("index.html");
-    super::files::write_atomically(&page, render(rows, run, text.len() as u64).as_bytes())
+    super::disk::write_atomically(&page, render(rows, run, text.len() as u64).as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", page.display()))?;
     Ok(page)
 }
@@ -218,7 +218,7 @@ pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String
             input.display()
         ));
     }
-    super::files::create_folder(out)?;
+    super::disk::create_folder(out)?;
     let merged_run = format!("merged-{}", std::process::id());
     // Each report's row with the folder it came from: the newest row wins,
     // and its own files go with it, so the row and the JSON, page and plot

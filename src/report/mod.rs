@@ -1,6 +1,7 @@
 //! The report of one leak test: what was measured, the verdict, and where
 //! retained memory was allocated. Its `Display` is the panic message.
 pub mod ci;
+mod disk;
 pub mod files;
 mod format;
 pub mod index;
@@ -316,7 +317,7 @@ impl Report {
     pub fn write_files(&mut self) {
         let root = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
         match crate::config::Settings::resolve(&crate::Options::default(), &self.test, root.as_deref()) {
-            Ok(settings) => crate::leak_test::write_files(self, &settings),
+            Ok(settings) => files::write_or_warn(self, &settings),
             Err(why) => eprintln!("gpu-leak-test: warning: {}: the report was not written ({why})", self.test),
         }
     }
