@@ -21,6 +21,9 @@ pub enum Error {
     /// A leak test started inside the body of another (`outer`), which
     /// holds the locks the inner one would wait for.
     NestedLeakTest { outer: String, inner: String },
+    /// A report file or folder could not be written or read; `message`
+    /// names the file and the system's reason.
+    ReportFiles { message: String },
 }
 
 impl fmt::Display for Error {
@@ -46,6 +49,7 @@ impl fmt::Display for Error {
                  device and scope locks for its whole run, so `{inner}` would wait for it forever. Make `{inner}` a \
                  test of its own, or call its body directly inside `{outer}`"
             ),
+            Error::ReportFiles { message } => write!(f, "{message}"),
         }
     }
 }

@@ -245,7 +245,7 @@ fn files_are_written_atomically_with_an_index() {
     assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains(&plot_name), "{index}");
     // Writing into something that is not a folder fails with a reason.
     let not_a_folder = written.json.clone();
-    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::Plots::All).unwrap_err();
+    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::Plots::All).unwrap_err().to_string();
     let json_name = not_a_folder.file_name().unwrap().to_string_lossy().into_owned();
     assert!(error.contains(&json_name), "{error}");
 }
@@ -539,7 +539,7 @@ fn merging_keeps_one_reports_row_and_files_and_refuses_its_own_output() {
     assert!(merged.join(format!("{stem}.svg")).metadata().unwrap().len() > 0);
 
     let before = std::fs::read_to_string(newer.join(format!("{stem}.json"))).unwrap();
-    let error = gpu_leak_test::report::index::merge_report_dirs(&newer, &[newer.clone(), older.clone()]).unwrap_err();
+    let error = gpu_leak_test::report::index::merge_report_dirs(&newer, &[newer.clone(), older.clone()]).unwrap_err().to_string();
     assert!(error.contains("also an input"), "{error}");
     assert_eq!(std::fs::read_to_string(newer.join(format!("{stem}.json"))).unwrap(), before);
 }

@@ -103,7 +103,11 @@ fn file_stem_in(identity: &str, test: &str, device: &str) -> String {
 
 /// Writes the JSON report, the plot when `plots` asks for one, and the
 /// refreshed index. Errors say which file and why.
-pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
+pub fn write_report(report: &Report, dir: &Path, plots: Plots) -> crate::Result<ReportFiles> {
+    write_report_files(report, dir, plots).map_err(|message| crate::Error::ReportFiles { message })
+}
+
+fn write_report_files(report: &Report, dir: &Path, plots: Plots) -> Result<ReportFiles, String> {
     create_folder(dir)?;
     let stem = file_stem(&report.test, &device_name(report.device));
     let wants_plot = match plots {

@@ -204,7 +204,11 @@ pub(super) fn add_row(dir: &Path, row: IndexRow) -> Result<PathBuf, String> {
 /// newest where two folders have one), the rows of each folder's latest run
 /// become one run, and `out/index.html` is written. Returns the number of
 /// rows of that merged run.
-pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
+pub fn merge_report_dirs(out: &Path, inputs: &[PathBuf]) -> crate::Result<usize> {
+    merge_into(out, inputs).map_err(|message| crate::Error::ReportFiles { message })
+}
+
+fn merge_into(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
     // Copying a folder's files onto themselves truncates them, and rows
     // read from the output would be merged with what is written there.
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
