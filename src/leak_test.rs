@@ -407,8 +407,9 @@ pub fn cuda_device_or_skip(test: &str) -> Option<usize> {
         }
     }
 }
-/// The report's files (`report::files::write_or_warn`), then the timing line where GPU_LEAK_TEST_TIMINGS asks
-/// for one; `started` is when `check*` began.
+/// The report's files (`report::files::write_or_warn`), then the timing
+/// line where GPU_LEAK_TEST_TIMINGS asks for one; `started` is when
+/// `check*` began.
 fn write_files_timed(report: &mut Report, settings: &Settings, started: Started) {
     let writing = Instant::now();
     crate::report::files::write_or_warn(report, settings);

@@ -35,7 +35,6 @@ impl Started {
     }
 }
 
-/// The protocol, on a resolved device. `setup` returns the iteration.
 /// What the protocol needs to know of the test it measures: who it is and
 /// where, not how it was configured (that is `Settings`).
 #[derive(Debug, Clone)]
@@ -56,6 +55,7 @@ impl TestIdentity {
     }
 }
 
+/// The protocol, on a resolved device. `setup` returns the iteration.
 pub(crate) fn measure<I>(
     test: &TestIdentity,
     settings: &Settings,

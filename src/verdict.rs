@@ -457,7 +457,7 @@ pub(crate) enum Confirmation {
     Decided,
 }
 
-/// Whether layer's levels so far need another confirmation iteration, or
+/// Whether a layer's levels so far need another confirmation iteration, or
 /// are already a certain leak; one shape per call.
 pub(crate) fn confirmation(series: &Series, window: u32, threshold_bytes: u64) -> Confirmation {
     let baseline = series.baseline();

@@ -8,9 +8,10 @@
 //!
 //! Counting costs one uncontended lock and a map update per event (see
 //! `benches/RESULTS.md`, "Cost per allocator event"); the C++ heap's far
-//! more frequent events are counted in the shim, under the tracker's tag. Site recording
-//! ([`Tracker::start_recording`]) additionally keeps every live allocation
-//! with an unresolved stack, for attribution after a test has failed.
+//! more frequent events are counted in the shim, under the tracker's tag.
+//! Site recording ([`Tracker::start_recording`]) additionally keeps every
+//! live allocation with an unresolved stack, for attribution after a test
+//! has failed.
 use super::stacks::Stack;
 use crate::error::{Error, Result};
 use crate::layer::Layer;
