@@ -595,11 +595,15 @@ impl Tracker {
 
     /// Forgets the stacks recorded so far (the blocks stay counted).
     pub fn clear_recorded(&self) {
-        let tagged = self.state.host_objects_tag().is_some();
+        // Only a hook that found no tag counts its C++ heap blocks itself.
+        // Everywhere else the shim counts them (a tagged hook's, and the
+        // process observation's, which is never entered), and they came
+        // here only to be recorded: their frees stop coming with the
+        // recording, and left here they would be phantoms in
+        // `live_by_thread`.
+        let counts_itself = self.state.host_objects_tag.get() == Some(&0);
         let mut counts = lock(&self.state.counts);
-        // C++ heap blocks the shim counts came here only to be recorded;
-        // their frees stop coming with the recording.
-        counts.blocks.retain(|_, b| !(tagged && b.slot == HOST_OBJECTS_SLOT));
+        counts.blocks.retain(|_, b| counts_itself || b.slot != HOST_OBJECTS_SLOT);
         counts.blocks.values_mut().for_each(|b| b.recorded = None);
     }
 
