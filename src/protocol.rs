@@ -312,7 +312,7 @@ impl<'a> Run<'a> {
                 "gpu-leak-test: `{}` still running: {phase} iteration {iteration}, {} live on {}",
                 self.test.name,
                 crate::report::bytes(levels[self.body()].max(0) as u64),
-                crate::report::device_name(self.device)
+                crate::layer::device_name(self.device)
             );
         }
         self.levels.push(levels);
@@ -577,10 +577,17 @@ impl<'a> Run<'a> {
             let replaced = evidence.is_none();
             self.verdicts[d] = match on {
                 Layer::HostObjects => {
-                    verdict::host_objects_after_attribution(leak, replaced, trough_rose[d], suppressed, threshold)
+                    verdict::host_objects_after_attribution(
+                        leak,
+                        replaced,
+                        trough_rose[d],
+                        suppressed,
+                        settings.iterations,
+                        threshold,
+                    )
                 }
                 Layer::Tensors(_) | Layer::OutsideLibtorch(_) => {
-                    verdict::after_attribution(leak, replaced, suppressed, threshold)
+                    verdict::after_attribution(leak, replaced, suppressed, settings.iterations, threshold)
                 }
             };
             // A random body's verdict says which evidence decided it.

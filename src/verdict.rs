@@ -359,6 +359,13 @@ impl Verdict {
     }
 }
 
+/// The one meaning of `threshold_mb`: retained growth over the measured
+/// window (`iterations`). Every rule compares a rate scaled to that window,
+/// so confirmation iterations, which lengthen the run, never loosen it.
+fn within_threshold(bytes_per_iteration: f64, window: u32, threshold_bytes: u64) -> bool {
+    bytes_per_iteration * window as f64 <= threshold_bytes as f64
+}
+
 /// The verdict for a run that finished all its iterations, from the shape
 /// of its levels. A leak outranks a peak over budget, which outranks the
 /// passing verdicts. `Growing` here is past the confirmation bound.
@@ -368,7 +375,7 @@ pub(crate) fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: O
     let measured = &series.measured;
     let retained = measured.last().copied().unwrap_or(baseline) - baseline;
     let per_iteration = |bytes: i64| bytes as f64 / measured.len().max(1) as f64;
-    let within = per_iteration(retained) * window as f64 <= threshold_bytes as f64;
+    let within = within_threshold(per_iteration(retained), window, threshold_bytes);
     let shape = shape(baseline, measured, window, threshold_bytes);
     match shape {
         Shape::Growing { drift: Some(_) } => return Verdict::Leak(Leak::from_levels(baseline, measured, shape_drift(&shape))),
@@ -410,11 +417,20 @@ fn shape_drift(shape: &Shape) -> Option<(u32, i64)> {
 ///   replaced every iteration with no site growing, is bounded: a buffer
 ///   whose size varies from run to run. Exact growth stays a leak.
 /// - A leak whose unsuppressed part is within the threshold is suppressed.
-pub(crate) fn after_attribution(leak: &Leak, replaced: bool, suppressed_per_iteration: f64, threshold_bytes: u64) -> Verdict {
-    let unsuppressed = leak.retained_bytes as f64 - suppressed_per_iteration * leak.iterations as f64;
+///   The threshold is growth over the measured window, as in [`decide`]:
+///   the unsuppressed rate is scaled to `window`, however many
+///   confirmation iterations the leak ran over.
+pub(crate) fn after_attribution(
+    leak: &Leak,
+    replaced: bool,
+    suppressed_per_iteration: f64,
+    window: u32,
+    threshold_bytes: u64,
+) -> Verdict {
+    let unsuppressed_per_iteration = leak.retained_bytes as f64 / leak.iterations.max(1) as f64 - suppressed_per_iteration;
     if leak.drift.is_none() && replaced {
         Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
-    } else if suppressed_per_iteration > 0.0 && unsuppressed <= threshold_bytes as f64 {
+    } else if suppressed_per_iteration > 0.0 && within_threshold(unsuppressed_per_iteration, window, threshold_bytes) {
         Verdict::Suppressed { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration }
     } else {
         Verdict::Leak(leak.clone())
@@ -436,12 +452,13 @@ pub(crate) fn host_objects_after_attribution(
     replaced: bool,
     trough_rose: bool,
     suppressed_per_iteration: f64,
+    window: u32,
     threshold_bytes: u64,
 ) -> Verdict {
     if replaced || !trough_rose {
         Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
     } else {
-        after_attribution(leak, replaced, suppressed_per_iteration, threshold_bytes)
+        after_attribution(leak, replaced, suppressed_per_iteration, window, threshold_bytes)
     }
 }
 
@@ -558,15 +575,15 @@ mod tests {
     #[test]
     fn host_objects_that_keep_nothing_across_attribution_are_bounded_even_with_an_exact_looking_pattern() {
         let leak = super::Leak::from_levels(0, &[16, 16, 16, 16, 16, 16, 16, 32], Some((7, 16)));
-        assert!(matches!(super::host_objects_after_attribution(&leak, true, true, 0.0, 0), super::Verdict::Bounded { period: None, .. }));
-        assert!(matches!(super::host_objects_after_attribution(&leak, false, true, 0.0, 0), super::Verdict::Leak(_)));
+        assert!(matches!(super::host_objects_after_attribution(&leak, true, true, 0.0, 5, 0), super::Verdict::Bounded { period: None, .. }));
+        assert!(matches!(super::host_objects_after_attribution(&leak, false, true, 0.0, 5, 0), super::Verdict::Leak(_)));
     }
 
     #[test]
     fn host_objects_that_fell_back_while_attribution_watched_are_bounded_not_a_leak() {
         // A cache's burst at the end of the window, freed a few iterations on.
         let leak = super::Leak::from_levels(0, &[0, 1100, 1380, 300, 300, 300, 300, 4900, 18800], None);
-        assert!(matches!(super::host_objects_after_attribution(&leak, false, false, 0.0, 0), super::Verdict::Bounded { .. }));
+        assert!(matches!(super::host_objects_after_attribution(&leak, false, false, 0.0, 5, 0), super::Verdict::Bounded { .. }));
     }
 
     #[test]
@@ -804,17 +821,37 @@ mod tests {
 
     #[test]
     fn attribution_turns_patternless_replaced_state_into_bounded_but_never_exact_growth() {
-        assert_eq!(after_attribution(&leak(None), true, 0.0, 0), Verdict::Bounded { retained_bytes: 320, period: None });
-        assert_eq!(after_attribution(&leak(Some((1, 32))), true, 0.0, 0), Verdict::Leak(leak(Some((1, 32)))));
-        assert_eq!(after_attribution(&leak(None), false, 0.0, 0), Verdict::Leak(leak(None)));
+        assert_eq!(after_attribution(&leak(None), true, 0.0, 5, 0), Verdict::Bounded { retained_bytes: 320, period: None });
+        assert_eq!(after_attribution(&leak(Some((1, 32))), true, 0.0, 5, 0), Verdict::Leak(leak(Some((1, 32)))));
+        assert_eq!(after_attribution(&leak(None), false, 0.0, 5, 0), Verdict::Leak(leak(None)));
     }
 
     #[test]
     fn a_leak_all_at_suppressed_sites_is_suppressed_and_a_partly_suppressed_one_is_not() {
-        let all = after_attribution(&leak(Some((1, 32))), false, 32.0, 0);
+        let all = after_attribution(&leak(Some((1, 32))), false, 32.0, 5, 0);
         assert_eq!(all, Verdict::Suppressed { retained_bytes: 320, bytes_per_iteration: 32.0 });
         assert!(!all.is_failure());
-        assert!(after_attribution(&leak(Some((1, 32))), false, 16.0, 0).is_failure());
+        assert!(after_attribution(&leak(Some((1, 32))), false, 16.0, 5, 0).is_failure());
+    }
+
+    #[test]
+    fn the_threshold_is_growth_over_the_measured_window_whatever_the_window_and_however_long_confirmation_ran() {
+        // 1,000 B an iteration: a window of n iterations grows by n * 1,000 B.
+        for window in [1u32, 3, 5, 10, 20] {
+            let at = u64::from(window) * 1_000;
+            let measured = (1..=i64::from(window)).map(|i| i * 1_000).collect();
+            let steady = Series { start: 0, after_setup: 0, warmup: vec![0], measured };
+            let verdict = decide(&steady, window, at, None);
+            assert!(matches!(verdict, Verdict::WithinThreshold { .. }), "window {window}, threshold {at}: {verdict:?}");
+            assert!(decide(&steady, window, at - 1, None).is_failure(), "window {window}, threshold {}", at - 1);
+            // A leak confirmed over three times the window, 500 B an
+            // iteration of it at suppressed sites: the rest is judged at
+            // the same scale, not against three windows' growth.
+            let confirmed = Leak { retained_bytes: 3 * at as i64, iterations: 3 * window, ..leak(Some((1, 1_000))) };
+            let half = u64::from(window) * 500;
+            assert!(!after_attribution(&confirmed, false, 500.0, window, half).is_failure(), "window {window}");
+            assert!(after_attribution(&confirmed, false, 500.0, window, half - 1).is_failure(), "window {window}");
+        }
     }
 
     #[test]
