@@ -42,7 +42,7 @@ pub struct Site {
     /// process scope any thread besides the test's).
     pub on_other_thread: bool,
     /// The device its survivors live on.
-    #[serde(with = "crate::report::device_serde")]
+    #[serde(with = "crate::layer::device_serde")]
     pub device: Device,
     /// The layer they count in: the device's tensors, or libtorch's host
     /// objects (C++ heap blocks such as graph nodes, on the CPU).

@@ -1,6 +1,6 @@
 //! Which device a leak test measures, and the per-device lock that keeps leak
 //! tests in one process from measuring each other.
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidValue, Result};
 use crate::probe::cuda;
 use std::collections::HashMap;
 use std::fmt;
@@ -24,11 +24,11 @@ pub enum DeviceChoice {
 }
 
 impl FromStr for DeviceChoice {
-    type Err = String;
+    type Err = InvalidValue;
 
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
+    fn from_str(text: &str) -> std::result::Result<Self, InvalidValue> {
         use gpu_leak_test_options::rules::DeviceValue;
-        Ok(match gpu_leak_test_options::rules::parse_device(text)? {
+        Ok(match gpu_leak_test_options::rules::parse_device(text).map_err(InvalidValue::new)? {
             DeviceValue::Auto => DeviceChoice::Auto,
             DeviceValue::Cpu => DeviceChoice::Cpu,
             DeviceValue::Cuda(index) => DeviceChoice::Cuda(index),
@@ -41,7 +41,7 @@ impl<'de> serde::Deserialize<'de> for DeviceChoice {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
         let text = <String as serde::Deserialize>::deserialize(deserializer)?;
         // Named, as serde_yaml's path stops at the mapping that holds it.
-        text.parse().map_err(|why: String| serde::de::Error::custom(format!("device: {why}")))
+        text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("device: {why}")))
     }
 }
 

@@ -56,5 +56,39 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A text that is not a value of a setting: what parsing a
+/// [`DeviceChoice`](crate::DeviceChoice), [`Scope`](crate::Scope) or
+/// [`Plots`](crate::Plots) from text returns. Its message quotes the text
+/// and lists the valid values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidValue {
+    message: String,
+}
+
+impl InvalidValue {
+    pub(crate) fn new(message: String) -> Self {
+        InvalidValue { message }
+    }
+
+    /// What was wrong with the text, and what to write instead.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Contains `needle`: for tests of the message.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, needle: &str) -> bool {
+        self.message.contains(needle)
+    }
+}
+
+impl fmt::Display for InvalidValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for InvalidValue {}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,8 +3,40 @@
 use std::fmt;
 use tch::Device;
 
+/// How reports and the JSON name a device: `cpu`, `cuda:0`.
+pub(crate) fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// The inverse of [`device_name`] for the devices a leak test measures.
+fn device_from_name(name: &str) -> Option<Device> {
+    match name {
+        "cpu" => Some(Device::Cpu),
+        other => other.strip_prefix("cuda:")?.parse().ok().map(Device::Cuda),
+    }
+}
+
+/// `tch::Device` in the JSON: its name (`cpu`, `cuda:0`).
+pub(crate) mod device_serde {
+    use tch::Device;
+
+    pub(crate) fn serialize<S: serde::Serializer>(device: &Device, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::device_name(*device))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Device, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+        super::device_from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a device name")))
+    }
+}
+
 /// One judged layer of memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Layer {
     /// Tensor memory libtorch allocates on a device: host memory through its
     /// CPU allocator on the CPU (pinned host memory too, in process scope),
@@ -36,18 +68,15 @@ impl Layer {
     /// `outside-libtorch:cuda:0`, `outside-libtorch:cpu`.
     pub fn name(self) -> String {
         match self {
-            Layer::Tensors(device) => crate::report::device_name(device),
+            Layer::Tensors(device) => device_name(device),
             Layer::HostObjects => HOST_OBJECTS.to_string(),
-            Layer::OutsideLibtorch(device) => format!("{OUTSIDE_LIBTORCH}:{}", crate::report::device_name(device)),
+            Layer::OutsideLibtorch(device) => format!("{OUTSIDE_LIBTORCH}:{}", device_name(device)),
         }
     }
 
     /// The inverse of [`Layer::name`].
     pub fn from_name(name: &str) -> Option<Layer> {
-        let device = |name: &str| match name {
-            "cpu" => Some(Device::Cpu),
-            other => other.strip_prefix("cuda:")?.parse().ok().map(Device::Cuda),
-        };
+        let device = device_from_name;
         match name {
             HOST_OBJECTS => Some(Layer::HostObjects),
             other => match other.strip_prefix(OUTSIDE_LIBTORCH).and_then(|rest| rest.strip_prefix(':')) {

@@ -20,7 +20,7 @@ mod verdict;
 
 pub use attribution::Site;
 pub use config::{Options, Plots, Suppression, CONFIG_FILE_NAME};
-pub use error::{Error, Result};
+pub use error::{Error, InvalidValue, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
 pub use layer::Layer;

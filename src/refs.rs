@@ -256,7 +256,7 @@ pub struct Reference {
     /// Their element type, as tch names it (`Float`).
     pub dtype: String,
     /// Their device.
-    #[serde(with = "crate::report::device_serde")]
+    #[serde(with = "crate::layer::device_serde")]
     pub device: Device,
     /// Bytes of the allocations behind them (each counted once).
     pub bytes: u64,

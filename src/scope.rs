@@ -15,6 +15,7 @@
 //!   under `cargo test`: see `isolation.rs`) or libtest runs one test at a
 //!   time; `thread` for a hand-written check under `cargo test`'s parallel
 //!   threads.
+use crate::error::InvalidValue;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -34,11 +35,11 @@ pub enum Scope {
 }
 
 impl FromStr for Scope {
-    type Err = String;
+    type Err = InvalidValue;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, InvalidValue> {
         use gpu_leak_test_options::rules::ScopeValue;
-        Ok(match gpu_leak_test_options::rules::parse_scope(text)? {
+        Ok(match gpu_leak_test_options::rules::parse_scope(text).map_err(InvalidValue::new)? {
             ScopeValue::Auto => Scope::Auto,
             ScopeValue::Thread => Scope::Thread,
             ScopeValue::Process => Scope::Process,
@@ -51,7 +52,7 @@ impl<'de> serde::Deserialize<'de> for Scope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
         let text = <String as serde::Deserialize>::deserialize(deserializer)?;
         // Named, as serde_yaml's path stops at the mapping that holds it.
-        text.parse().map_err(|why: String| serde::de::Error::custom(format!("scope: {why}")))
+        text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("scope: {why}")))
     }
 }
 

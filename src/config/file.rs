@@ -44,13 +44,13 @@ pub enum Plots {
 }
 
 impl std::str::FromStr for Plots {
-    type Err = String;
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
+    type Err = crate::error::InvalidValue;
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
         match text.trim() {
             "failing" => Ok(Plots::Failing),
             "all" => Ok(Plots::All),
             "none" => Ok(Plots::None),
-            other => Err(format!("{other:?} is not a plot choice; use failing, all or none")),
+            other => Err(crate::error::InvalidValue::new(format!("{other:?} is not a plot choice; use failing, all or none"))),
         }
     }
 }

@@ -48,7 +48,7 @@ macro_rules! from_text {
     ($($ty:ty),*) => {$(
         impl OptionValue for $ty {
             fn parse_text(text: &str) -> std::result::Result<Self, String> {
-                text.parse()
+                text.parse().map_err(|why: crate::error::InvalidValue| why.to_string())
             }
             fn text(&self) -> String {
                 self.to_string()
@@ -61,7 +61,7 @@ from_text!(DeviceChoice, Scope);
 
 impl OptionValue for Plots {
     fn parse_text(text: &str) -> std::result::Result<Self, String> {
-        text.parse()
+        text.parse().map_err(|why: crate::error::InvalidValue| why.to_string())
     }
     fn text(&self) -> String {
         format!("{self:?}").to_ascii_lowercase()

@@ -6,8 +6,8 @@
 //! where the allocator reports nothing else (caching switched off, the
 //! `cudaMallocAsync` backend on the hook).
 //!
-//! CUPTI takes one subscriber per process; it is held only while an
-//! observation is open ([`super::process`]), so a profiler run later in the
+//! CUPTI takes one subscriber per process; it is held only while a
+//! process-scope observation is open, so a profiler run later in the
 //! process can have it.
 use super::ffi;
 use std::ffi::{c_char, c_int};

@@ -307,7 +307,7 @@ impl TrackerState {
 
     fn on_allocation(&self, address: usize, bytes: u64, device_type: i32, device_index: i32) {
         let slot = slot_of_raw(device_type, device_index);
-        if super::sources::slot_switched_off(slot) {
+        if slot_switched_off(slot) {
             return;
         }
         let other_thread = thread_token() != self.owner_token;
@@ -644,6 +644,41 @@ impl Drop for HookGuard {
             );
         }
     }
+}
+
+/// Devices whose sources a test switched off (`sources::switch_off`), one bit per
+/// tracker slot: the CPU is bit 0, cuda:N bit N+1.
+static SWITCHED_OFF: AtomicU32 = AtomicU32::new(0);
+
+fn bit(device: Device) -> u32 {
+    match device {
+        Device::Cpu => 1,
+        Device::Cuda(index) if index < 31 => 1 << (index + 1),
+        _ => 0,
+    }
+}
+
+/// Sets or clears `device`'s bit (see `sources::switch_off`).
+pub(super) fn switch_off_device(device: Device, off: bool) {
+    if off {
+        SWITCHED_OFF.fetch_or(bit(device), Relaxed);
+    } else {
+        SWITCHED_OFF.fetch_and(!bit(device), Relaxed);
+    }
+}
+
+/// Whether a test switched `device`'s sources off.
+pub(super) fn is_device_switched_off(device: Device) -> bool {
+    SWITCHED_OFF.load(Relaxed) & bit(device) != 0
+}
+
+/// True where events of tracker slot `slot` (0 the CPU, N+1 cuda:N, the
+/// C++ heap's) are to be dropped: one relaxed load per event, zero outside
+/// such tests.
+#[inline]
+fn slot_switched_off(slot: usize) -> bool {
+    let mask = SWITCHED_OFF.load(Relaxed);
+    mask != 0 && slot < 32 && mask & (1 << slot) != 0
 }
 
 #[cfg(test)]

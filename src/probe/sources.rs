@@ -34,7 +34,7 @@
 use super::hook::{HookView, Tracker};
 use super::{cuda, process::Coverage};
 use crate::layer::Layer;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tch::Device;
 
 /// What counts one device's memory.
@@ -421,27 +421,11 @@ fn blind_reason(source: Source, device: Device, coverage: &Coverage) -> String {
     reason
 }
 
-/// Devices whose sources a test switched off ([`switch_off`]), one bit per
-/// tracker slot: the CPU is bit 0, cuda:N bit N+1.
-static SWITCHED_OFF: AtomicU32 = AtomicU32::new(0);
-
-fn bit(device: Device) -> u32 {
-    match device {
-        Device::Cpu => 1,
-        Device::Cuda(index) if index < 31 => 1 << (index + 1),
-        _ => 0,
-    }
-}
-
 /// Makes every source blind on `device` (`off = true`) or sighted again:
 /// for tests of the "cannot measure" verdict. Not for users.
 #[doc(hidden)]
 pub fn switch_off(device: Device, off: bool) {
-    if off {
-        SWITCHED_OFF.fetch_or(bit(device), Ordering::Relaxed);
-    } else {
-        SWITCHED_OFF.fetch_and(!bit(device), Ordering::Relaxed);
-    }
+    super::hook::switch_off_device(device, off);
 }
 
 /// The C++ heap's count, switched off by a test.
@@ -458,18 +442,7 @@ pub fn switch_off_host_objects(off: bool) {
     unsafe { super::ffi::glt_host_objects_switch_off(off as std::ffi::c_int) };
 }
 
-fn is_switched_off(device: Device) -> bool {
-    SWITCHED_OFF.load(Ordering::Relaxed) & bit(device) != 0
-}
-
-/// True where events of tracker slot `slot` (0 the CPU, N+1 cuda:N, the
-/// C++ heap's) are
-/// to be dropped: one relaxed load per event, zero outside such tests.
-#[inline]
-pub(crate) fn slot_switched_off(slot: usize) -> bool {
-    let mask = SWITCHED_OFF.load(Ordering::Relaxed);
-    mask != 0 && slot < 32 && mask & (1 << slot) != 0
-}
+use super::hook::is_device_switched_off as is_switched_off;
 
 #[cfg(test)]
 mod tests {

@@ -150,7 +150,7 @@ impl Elf {
     }
 }
 
-/// A name as [`super::stacks::Symbolizer`] shows names `backtrace` resolves:
+/// A name as the stack symbolizer shows names `backtrace` resolves:
 /// Rust's demangled without its hash, else C++'s (the same demanglers, their
 /// default options), else the raw name.
 fn demangle(raw: &[u8]) -> String {

@@ -3,7 +3,7 @@
 //! request), and its row in the folder's index (`super::index`). Each file is
 //! written to a temporary name and renamed, so a reader never sees half a
 //! file; a failed write is a warning and never changes a verdict.
-use super::format::device_name;
+use crate::layer::device_name;
 use super::json;
 use super::disk::{append, create_folder, write_atomically};
 use super::{svg, Report};

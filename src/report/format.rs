@@ -13,15 +13,6 @@ pub fn thousands(value: u64) -> String {
     out
 }
 
-/// How reports name a device: `cpu`, `cuda:0`.
-pub fn device_name(device: tch::Device) -> String {
-    match device {
-        tch::Device::Cpu => "cpu".into(),
-        tch::Device::Cuda(i) => format!("cuda:{i}"),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
-
 /// Escapes text for SVG and HTML.
 pub(crate) fn escape_markup(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")

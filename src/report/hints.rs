@@ -69,7 +69,7 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
                  tensors, or another test running at the same time does. Run in process scope (`scope = \"process\"`, \
                  the default under cargo nextest) to count every thread, or bring the threads in with \
                  `gpu_leak_test::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
-                super::device_name(unexplained.device),
+                crate::layer::device_name(unexplained.device),
                 super::bytes(rate.round().max(0.0) as u64),
             ));
         }

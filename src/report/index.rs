@@ -9,7 +9,8 @@
 //! compaction (plus [`COMPACTION_SLACK`]), both files are rewritten with one
 //! row per report, the page fully rendered: a rewrite after as many appends
 //! as it reads rows, so each report pays a constant share.
-use super::format::{device_name, escape_markup as escape};
+use crate::layer::device_name;
+use super::format::{escape_markup as escape};
 use super::Report;
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -8,11 +8,14 @@ pub mod index;
 pub(crate) mod hints;
 pub mod page;
 pub mod json;
+/// Public for the suite, which checks the colours the plots are drawn in.
+#[doc(hidden)]
 pub mod svg;
 pub(crate) mod text;
 
 pub use files::ReportFiles;
-pub use format::{bytes, device_name, signed_bytes, thousands};
+pub use format::{bytes, signed_bytes, thousands};
+use crate::layer::device_serde;
 pub use json::ReportFile;
 
 use crate::attribution::Attribution;
@@ -20,27 +23,6 @@ use crate::probe::Snapshot;
 use crate::verdict::{Phase, Verdict};
 use std::time::Duration;
 use tch::Device;
-
-/// `tch::Device` in the JSON: its name (`cpu`, `cuda:0`).
-pub(crate) mod device_serde {
-    use tch::Device;
-
-    pub(crate) fn serialize<S: serde::Serializer>(device: &Device, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&super::device_name(*device))
-    }
-
-    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Device, D::Error> {
-        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
-        match name.as_str() {
-            "cpu" => Ok(Device::Cpu),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|i| i.parse().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| serde::de::Error::custom(format!("{other:?} is not a device name"))),
-        }
-    }
-}
 
 /// Reports written before layers were named judged tensors only.
 pub(crate) fn tensors_on_cpu() -> crate::Layer {

@@ -3,7 +3,8 @@
 //! retained bytes stacked by allocation site over the attribution
 //! iterations (so you see which line grows), a marker where the body
 //! failed, the sites with expandable stacks, and the retained tensors.
-use super::format::{device_name, escape_markup as escape, per_iteration_bytes};
+use crate::layer::device_name;
+use super::format::{escape_markup as escape, per_iteration_bytes};
 use super::{bytes, signed_bytes, svg, Report};
 use crate::verdict::Verdict;
 use std::fmt::Write;

@@ -3,7 +3,8 @@
 //! the allocator's allocated and reserved bytes, and the driver's used bytes;
 //! the threshold as a line over the measured iterations; warm-up and
 //! attribution shaded.
-use super::format::{device_name, escape_markup as escape};
+use crate::layer::device_name;
+use super::format::{escape_markup as escape};
 use super::Report;
 use crate::verdict::Phase;
 use std::fmt::Write;

@@ -1,5 +1,6 @@
 //! The human-readable report: the panic message of a failing leak test.
-use super::format::{bytes, device_name, per_iteration_bytes, signed_bytes, thousands};
+use crate::layer::device_name;
+use super::format::{bytes, per_iteration_bytes, signed_bytes, thousands};
 use super::{Report, Sample};
 use crate::verdict::{Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
