@@ -7,6 +7,7 @@
 // benches and probe tests) and `__private` (what the derive expands into).
 
 mod config;
+mod environment;
 mod error;
 mod isolation;
 mod layer;

@@ -148,7 +148,7 @@ fn coverage_notes(body: Device, scope: ResolvedScope, coverage: &Coverage, layer
         notes.push(format!(
             "memory allocated through the CUDA driver outside libtorch's allocators (a custom kernel's cuMemAlloc, a \
              library's cudaHostAlloc) was not judged: {}=0 switches counting it off",
-            crate::config::DRIVER_CALLS_VAR
+            crate::probe::driver::DRIVER_CALLS_VAR
         ));
     }
     if let ResolvedScope::Process { alongside_other_tests: true } = scope {

@@ -7,26 +7,12 @@ mod options;
 pub(crate) use file::{glob_match, ConfigFile, FileLayer};
 pub use file::{Plots, Suppression, CONFIG_FILE_NAME};
 pub use options::Options;
-use crate::error::{Error, Result};
+use crate::error::Result;
+pub(crate) use crate::environment::{env_var, parse_bool};
 
 /// Set to 1 on GPU runners: a test that finds no CUDA device then fails
 /// instead of skipping, so a misconfigured runner cannot pass the gate.
 pub(crate) const REQUIRE_CUDA_VAR: &str = "GPU_LEAK_TEST_REQUIRE_CUDA";
-
-/// Counting what is allocated through the CUDA driver (CUPTI's callbacks),
-/// on unless this is 0: memory outside libtorch's allocators is a judged
-/// layer, and CUDA tensors are counted from libtorch's own driver calls
-/// where its allocator reports nothing else (caching off, the
-/// `cudaMallocAsync` backend).
-pub(crate) const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
-
-/// Whether the driver's calls are counted: unless `GPU_LEAK_TEST_DRIVER_CALLS` says 0.
-pub(crate) fn driver_calls_enabled() -> Result<bool> {
-    match env_var(DRIVER_CALLS_VAR)? {
-        Some(value) => parse_bool(DRIVER_CALLS_VAR, &value),
-        None => Ok(true),
-    }
-}
 
 /// A file each leak test appends one JSON line to: its wall time and where
 /// it went (body, waiting, prewarm and CUDA's start-up in it, sampling,
@@ -39,50 +25,11 @@ pub(crate) fn timings_file() -> Option<std::path::PathBuf> {
     std::env::var_os(TIMINGS_VAR).filter(|path| !path.is_empty()).map(Into::into)
 }
 
-/// Parses a boolean variable: 1/true/yes/on or 0/false/no/off/empty.
-pub(crate) fn parse_bool(name: &str, value: &str) -> Result<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(Error::Config {
-            source: format!("environment variable {name}"),
-            message: format!("{value:?} is not a boolean; use 1 or 0"),
-        }),
-    }
-}
-
-/// Reads a variable; `Ok(None)` when unset.
-pub(crate) fn env_var(name: &str) -> Result<Option<String>> {
-    match std::env::var(name) {
-        Ok(value) => Ok(Some(value)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(Error::Config {
-            source: format!("environment variable {name}"),
-            message: "is not valid UTF-8".into(),
-        }),
-    }
-}
-
 /// Whether `GPU_LEAK_TEST_REQUIRE_CUDA` asks for CUDA.
 pub(crate) fn cuda_required() -> Result<bool> {
     match env_var(REQUIRE_CUDA_VAR)? {
         Some(value) => parse_bool(REQUIRE_CUDA_VAR, &value),
         None => Ok(false),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn booleans() {
-        assert!(parse_bool("X", "1").unwrap());
-        assert!(parse_bool("X", " TRUE ").unwrap());
-        assert!(!parse_bool("X", "0").unwrap());
-        assert!(!parse_bool("X", "").unwrap());
-        let err = parse_bool("GPU_LEAK_TEST_REQUIRE_CUDA", "maybe").unwrap_err().to_string();
-        assert!(err.contains("GPU_LEAK_TEST_REQUIRE_CUDA") && err.contains("maybe"), "{err}");
     }
 }
 

@@ -13,6 +13,21 @@ use super::ffi;
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+/// Counting what is allocated through the CUDA driver (CUPTI's callbacks),
+/// on unless this is 0: memory outside libtorch's allocators is a judged
+/// layer, and CUDA tensors are counted from libtorch's own driver calls
+/// where its allocator reports nothing else (caching off, the
+/// `cudaMallocAsync` backend).
+pub(crate) const DRIVER_CALLS_VAR: &str = "GPU_LEAK_TEST_DRIVER_CALLS";
+
+/// Whether `GPU_LEAK_TEST_DRIVER_CALLS` leaves the count on: unless it says 0.
+fn variable_leaves_it_on() -> crate::error::Result<bool> {
+    match crate::environment::env_var(DRIVER_CALLS_VAR)? {
+        Some(value) => crate::environment::parse_bool(DRIVER_CALLS_VAR, &value),
+        None => Ok(true),
+    }
+}
+
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
 /// Set by [`force`]: 0 follows the variable, 1 counts, 2 does not.
 static FORCED: AtomicU8 = AtomicU8::new(0);
@@ -24,7 +39,7 @@ pub(crate) fn enabled() -> crate::error::Result<bool> {
     match FORCED.load(Ordering::Relaxed) {
         1 => Ok(true),
         2 => Ok(false),
-        _ => crate::config::driver_calls_enabled(),
+        _ => variable_leaves_it_on(),
     }
 }
 

@@ -121,7 +121,7 @@ fn attach_cuda_trace() -> std::result::Result<(), String> {
 fn start_driver_calls() -> std::result::Result<(), String> {
     match super::driver::enabled() {
         Ok(true) => {}
-        Ok(false) => return Err(format!("{}=0 switches counting them off", crate::config::DRIVER_CALLS_VAR)),
+        Ok(false) => return Err(format!("{}=0 switches counting them off", super::driver::DRIVER_CALLS_VAR)),
         Err(e) => return Err(e.to_string()),
     }
     if !super::cuda::is_loaded() {
