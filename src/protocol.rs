@@ -439,17 +439,28 @@ impl<'a> Run<'a> {
     where
         I: FnMut() -> std::result::Result<(), String>,
     {
-        let settings = self.settings;
         let device = self.device;
         let mut iteration = self.call(Phase::Setup, 0, || setup(device))?;
         self.sample(Phase::Setup, 0);
+        self.run_window(&mut iteration)?;
+        self.decide_window();
+        match self.attribution_iterations_needed() {
+            Some(count) => self.attribute_and_judge(&mut iteration, count),
+            None => Ok(()),
+        }
+    }
+
+    /// Warm-up, the measured iterations, and the confirmation iterations
+    /// where the window cannot tell a leak from growth that stops.
+    fn run_window(&mut self, iteration: &mut impl FnMut() -> std::result::Result<(), String>) -> std::result::Result<(), Verdict> {
+        let settings = self.settings;
         for i in 1..=settings.warmup {
-            self.call(Phase::WarmUp, i, &mut iteration)?;
+            self.call(Phase::WarmUp, i, &mut *iteration)?;
             self.sample(Phase::WarmUp, i);
         }
         self.before = Some(self.snapshot_now());
         for i in 1..=settings.iterations {
-            self.call(Phase::Measure, i, &mut iteration)?;
+            self.call(Phase::Measure, i, &mut *iteration)?;
             self.sample(Phase::Measure, i);
         }
         // Where the window cannot tell a leak from growth that stops,
@@ -484,9 +495,16 @@ impl<'a> Run<'a> {
                 break;
             }
             n += 1;
-            self.call(Phase::Confirm, n, &mut iteration)?;
+            self.call(Phase::Confirm, n, &mut *iteration)?;
             self.sample(Phase::Confirm, n);
         }
+        Ok(())
+    }
+
+    /// Every layer's verdict on the window, and the body's peak.
+    fn decide_window(&mut self) {
+        let settings = self.settings;
+        let threshold = settings.threshold_bytes();
         self.after = Some(self.snapshot_now());
         let body = self.body();
         self.peak_bytes = sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body];
@@ -494,9 +512,15 @@ impl<'a> Run<'a> {
         self.verdicts = (0..self.layers.len())
             .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
             .collect();
+    }
+
+    /// How many attribution iterations a leak in the window needs to name
+    /// its sites and back its verdict; `None` where nothing leaks.
+    fn attribution_iterations_needed(&self) -> Option<u32> {
+        let settings = self.settings;
         let leaking: Vec<usize> = self.judged().into_iter().filter(|&d| matches!(self.verdicts[d], Verdict::Leak(_))).collect();
         if leaking.is_empty() {
-            return Ok(());
+            return None;
         }
         // Beside a tensor leak, host objects that grow are usually the kept
         // tensors' records, with libtorch's own bookkeeping of live blocks
@@ -524,9 +548,20 @@ impl<'a> Run<'a> {
             // (see verdict::growth_evidence).
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
+        Some(count)
+    }
+
+    /// Runs attribution and judges each leak again on what it found.
+    fn attribute_and_judge(
+        &mut self,
+        iteration: &mut impl FnMut() -> std::result::Result<(), String>,
+        count: u32,
+    ) -> std::result::Result<(), Verdict> {
+        let settings = self.settings;
+        let threshold = settings.threshold_bytes();
         // Attribution's samples count as attribution, not as sampling.
         let (attribution_started, sampling_before) = (Instant::now(), self.time.sampling);
-        let attributed = self.attribute(&mut iteration, count);
+        let attributed = self.attribute(iteration, count);
         self.time.attribution = attribution_started.elapsed();
         self.time.sampling = sampling_before;
         let site_levels = match attributed {
@@ -712,24 +747,27 @@ impl<'a> Run<'a> {
         self.finish(started)
     }
 
-    fn finish(self, started: Started) -> Report {
-        let settings = self.settings;
-        let judged = self.judged();
-        // The verdict the test gets: a failure in any layer (the biggest
-        // leak first), else the body's device's.
-        let body = self.body();
+    /// The layer whose verdict the test gets: a failure in any judged layer
+    /// (the biggest leak first), else the body's device's.
+    fn verdict_layer(&self, judged: &[usize]) -> usize {
         let rank = |v: &Verdict| match v {
             Verdict::Leak(leak) => (3, leak.bytes_per_iteration),
             v if v.is_failure() => (2, 0.0),
             _ => (0, 0.0),
         };
-        let chosen = judged
+        judged
             .iter()
             .copied()
             .filter(|&d| self.verdicts[d].is_failure())
             .max_by(|&a, &b| rank(&self.verdicts[a]).partial_cmp(&rank(&self.verdicts[b])).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)))
-            .unwrap_or(body);
-        let devices: Vec<DeviceResult> = judged
+            .unwrap_or(self.body())
+    }
+
+    /// Each judged layer's verdict and levels, and in thread scope the
+    /// growth the counted threads do not explain.
+    fn device_results(&self, judged: &[usize]) -> Vec<DeviceResult> {
+        let settings = self.settings;
+        judged
             .iter()
             .map(|&d| {
                 let counted = self.measured_window(|i| Some(self.levels[i][d]));
@@ -746,21 +784,33 @@ impl<'a> Run<'a> {
                     unexplained_bytes_per_iteration: unexplained,
                 }
             })
-            .collect();
-        let series = self.series(chosen);
-        // The host heap, a view shown only where the judged layers explain
-        // no growth (every judged device flat over the measured window): a
-        // graph kept by a `total += loss`, or a Rust collection, grows it
-        // while tensors stay flat.
+            .collect()
+    }
+
+    /// The host heap's growth per iteration, a view shown only where the
+    /// judged layers explain none.
+    fn host_heap_growth(&self, judged: &[usize]) -> Option<f64> {
+        // A graph kept by a `total += loss`, or a Rust collection, grows
+        // it while every judged device stays flat over the measured window.
         let judged_layers_flat = judged.iter().all(|&d| {
             self.measured_window(|i| Some(self.levels[i][d])).is_some_and(|levels| levels.iter().all(|&l| l == levels[0]))
         });
-        let host_heap_growth = if judged_layers_flat && self.verdicts.iter().all(|v| !v.is_failure()) {
+        if judged_layers_flat && self.verdicts.iter().all(|v| !v.is_failure()) {
             self.measured_window(|i| self.samples[i].host_heap_bytes.map(|b| b as i64))
                 .and_then(|levels| verdict::host_heap_growth(&levels))
         } else {
             None
-        };
+        }
+    }
+
+    fn finish(self, started: Started) -> Report {
+        let settings = self.settings;
+        let judged = self.judged();
+        let body = self.body();
+        let chosen = self.verdict_layer(&judged);
+        let devices = self.device_results(&judged);
+        let series = self.series(chosen);
+        let host_heap_growth = self.host_heap_growth(&judged);
         let mut samples = self.samples;
         for (sample, levels) in samples.iter_mut().zip(&self.levels) {
             sample.live_bytes = levels[chosen];

@@ -8,40 +8,7 @@ use crate::verdict::{RetainedDuring, Verdict};
 pub(crate) fn for_report(report: &Report) -> Vec<String> {
     let mut hints = Vec::new();
     match &report.verdict {
-        Verdict::Leak(_) => {
-            let sites: Vec<&crate::attribution::Site> = report
-                .attribution
-                .iter()
-                .flat_map(|a| &a.sites)
-                .filter(|s| s.layer == report.verdict_layer)
-                .collect();
-            // Autograd's threads run backward() with no frame of the user's.
-            if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
-                hints.push(
-                    "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
-                     graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
-                     CPU before keeping a tensor."
-                        .into(),
-                );
-            }
-            if let (Some(top), crate::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
-                let place = top.location.as_deref().unwrap_or("the site above");
-                hints.push(format!(
-                    "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
-                     you keep across iterations still holds its autograd graph (`total = total + loss` \
-                     keeps every step's nodes). Keep plain numbers (`total += loss.double_value(&[])`), or `detach()` \
-                     what you keep."
-                ));
-            } else if let Some(top) = sites.first() {
-                let place = top.location.as_deref().unwrap_or("the site above");
-                hints.push(format!(
-                    "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
-                     a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
-                     iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
-                     must stay."
-                ));
-            }
-        }
+        Verdict::Leak(_) => hints.extend(leak_hints(report)),
         Verdict::PeakOverBudget { .. } => hints.push(
             "the peak counts every tensor alive at once, activations saved for backward included. Evaluation without \
              `tch::no_grad(|| ...)` keeps activations alive until the output drops; smaller batches or freeing \
@@ -61,6 +28,54 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
         ),
         _ => {}
     }
+    hints.extend(observation_hints(report));
+    hints
+}
+
+/// What the sites of a leak usually mean: a kept graph, kept host objects,
+/// or tensors kept across iterations.
+fn leak_hints(report: &Report) -> Vec<String> {
+    let mut hints = Vec::new();
+    let sites: Vec<&crate::attribution::Site> = report
+        .attribution
+        .iter()
+        .flat_map(|a| &a.sites)
+        .filter(|s| s.layer == report.verdict_layer)
+        .collect();
+    // Autograd's threads run backward() with no frame of the user's.
+    if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
+        hints.push(
+            "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
+             graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
+             CPU before keeping a tensor."
+                .into(),
+        );
+    }
+    if let (Some(top), crate::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
+        let place = top.location.as_deref().unwrap_or("the site above");
+        hints.push(format!(
+            "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
+             you keep across iterations still holds its autograd graph (`total = total + loss` \
+             keeps every step's nodes). Keep plain numbers (`total += loss.double_value(&[])`), or `detach()` \
+             what you keep."
+        ));
+    } else if let Some(top) = sites.first() {
+        let place = top.location.as_deref().unwrap_or("the site above");
+        hints.push(format!(
+            "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
+             a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
+             iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
+             must stay."
+        ));
+    }
+    hints
+}
+
+/// What the views beside the verdict show, whatever it is: growth the
+/// counted threads do not explain, threads left running, the host heap, the
+/// allocator's cache.
+fn observation_hints(report: &Report) -> Vec<String> {
+    let mut hints = Vec::new();
     for unexplained in &report.devices {
         if let Some(rate) = unexplained.unexplained_bytes_per_iteration {
             hints.push(format!(

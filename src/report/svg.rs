@@ -67,55 +67,119 @@ fn series_name(layer: crate::Layer) -> String {
     }
 }
 
-/// Renders the timeline.
-pub fn timeline(report: &Report) -> String {
+/// One line of the timeline: its legend name, colour, dash pattern, and
+/// value at each sample.
+struct Line<'a> {
+    name: String,
+    color: &'a str,
+    dash: &'a str,
+    values: Vec<Option<f64>>,
+}
+
+/// The lines the timeline draws: the verdict's exact line, every other
+/// judged layer's under it, and the allocator's and driver's views.
+fn lines(report: &Report) -> Vec<Line<'static>> {
     let samples = &report.samples;
-    let n = samples.len().max(2);
-    let live = format!("{} (exact)", series_name(report.verdict_layer));
-    let mut series: Vec<(String, &str, &str, Vec<Option<f64>>)> = vec![
-        (live, LIVE_COLOR, "", samples.iter().map(|s| Some(s.live_bytes as f64)).collect()),
-        ("allocator allocated".into(), ALLOCATED_COLOR, "", samples.iter().map(|s| s.allocated_bytes.map(|v| v as f64)).collect()),
-        ("allocator reserved".into(), RESERVED_COLOR, "8 4", samples.iter().map(|s| s.reserved_bytes.map(|v| v as f64)).collect()),
-        ("driver used".into(), DRIVER_COLOR, "2 4", samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect()),
+    let view = |value: fn(&super::Sample) -> Option<u64>| samples.iter().map(|s| value(s).map(|v| v as f64)).collect();
+    let mut lines = vec![
+        Line {
+            name: format!("{} (exact)", series_name(report.verdict_layer)),
+            color: LIVE_COLOR,
+            dash: "",
+            values: samples.iter().map(|s| Some(s.live_bytes as f64)).collect(),
+        },
+        Line { name: "allocator allocated".into(), color: ALLOCATED_COLOR, dash: "", values: view(|s| s.allocated_bytes) },
+        Line { name: "allocator reserved".into(), color: RESERVED_COLOR, dash: "8 4", values: view(|s| s.reserved_bytes) },
+        Line { name: "driver used".into(), color: DRIVER_COLOR, dash: "2 4", values: view(|s| s.driver_used_bytes) },
     ];
     // One exact line per other judged device, drawn under the main one.
     let others = report.devices.iter().filter(|d| d.layer != report.verdict_layer && d.levels.len() == samples.len());
     for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
         let name = format!("{} (exact, {})", series_name(d.layer), d.verdict.label());
-        series.insert(1, (name, color, "4 2", d.levels.iter().map(|&v| Some(v as f64)).collect()));
+        lines.insert(1, Line { name, color, dash: "4 2", values: d.levels.iter().map(|&v| Some(v as f64)).collect() });
     }
-    // Every series as its change since the sample before the first measured
+    lines
+}
+
+/// Where samples and values land on the canvas.
+struct Plot {
+    /// Number of x positions (at least 2).
+    n: usize,
+    low: f64,
+    high: f64,
+}
+
+impl Plot {
+    const W: f64 = WIDTH - LEFT - RIGHT;
+    const H: f64 = HEIGHT - TOP - BOTTOM;
+
+    /// A plot whose axis holds every value from sample `from` on (and the
+    /// threshold), at least 1 KiB tall, with a margin.
+    fn fitting(n: usize, values: &[Vec<Option<f64>>], from: usize, threshold: Option<f64>) -> Plot {
+        let mut low = 0.0f64;
+        let mut high = 0.0f64;
+        for v in values.iter().flat_map(|values| values[from.min(values.len())..].iter()).flatten().chain(threshold.iter()) {
+            low = low.min(*v);
+            high = high.max(*v);
+        }
+        // A flat run still gets a readable axis.
+        if high - low < 1024.0 {
+            let middle = (high + low) / 2.0;
+            (low, high) = ((middle - 512.0).min(low), (middle + 512.0).max(high));
+        }
+        let pad = (high - low) * 0.08;
+        Plot { n: n.max(2), low: low - pad, high: high + pad }
+    }
+
+    fn x(&self, i: usize) -> f64 {
+        LEFT + Self::W * i as f64 / (self.n - 1) as f64
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        TOP + Self::H * (1.0 - (v - self.low) / (self.high - self.low))
+    }
+}
+
+/// Renders the timeline.
+pub fn timeline(report: &Report) -> String {
+    let samples = &report.samples;
+    let lines = lines(report);
+    // Every line as its change since the sample before the first measured
     // iteration, so they share an axis and a small leak is not flattened by
     // what setup and warm-up allocated; earlier points are clipped.
     let measured_start = samples.iter().position(|s| s.phase == Phase::Measure);
     let base = measured_start.map_or(0, |i| i.saturating_sub(1));
-    let relative: Vec<Vec<Option<f64>>> = series
+    let relative: Vec<Vec<Option<f64>>> = lines
         .iter()
-        .map(|(_, _, _, values)| {
-            let reference = values.get(base).copied().flatten();
-            values.iter().map(|v| v.zip(reference).map(|(v, b)| v - b)).collect()
+        .map(|line| {
+            let reference = line.values.get(base).copied().flatten();
+            line.values.iter().map(|v| v.zip(reference).map(|(v, b)| v - b)).collect()
         })
         .collect();
     let threshold = measured_start.map(|_| report.settings.threshold_bytes as f64);
-    let mut low = 0.0f64;
-    let mut high = 0.0f64;
-    for v in relative.iter().flat_map(|values| values[base.min(values.len())..].iter()).flatten().chain(threshold.iter()) {
-        low = low.min(*v);
-        high = high.max(*v);
-    }
-    // A flat run still gets a readable axis: at least 1 KiB tall.
-    if high - low < 1024.0 {
-        let middle = (high + low) / 2.0;
-        (low, high) = ((middle - 512.0).min(low), (middle + 512.0).max(high));
-    }
-    let pad = (high - low) * 0.08;
-    let (low, high) = (low - pad, high + pad);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let x = |i: usize| LEFT + plot_w * i as f64 / (n - 1) as f64;
-    let y = |v: f64| TOP + plot_h * (1.0 - (v - low) / (high - low));
+    let plot = Plot::fitting(samples.len(), &relative, base, threshold);
 
     let mut svg = String::new();
+    header(&mut svg, report);
+    phases(&mut svg, &plot, samples);
+    axes(&mut svg, &plot, samples);
+    if let (Some(t), Some(start)) = (threshold, measured_start) {
+        let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
+        let (x0, x1, y) = (plot.x(start.saturating_sub(1)), plot.x(end), plot.y(t));
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="2" stroke-dasharray="6 3"/>"#
+        );
+    }
+    polylines(&mut svg, &plot, &lines, &relative);
+    legend(&mut svg, &lines, &relative, threshold.is_some());
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The canvas, the title and the subtitle, and the clip path of the plot.
+fn header(svg: &mut String, report: &Report) {
+    let (plot_w, plot_h) = (Plot::W, Plot::H);
     let _ = writeln!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
@@ -127,27 +191,30 @@ pub fn timeline(report: &Report) -> String {
         svg,
         r##"<text x="{LEFT}" y="40" fill="#555">change after each iteration, from the level before the first measured one</text>"##
     );
-    let _ = writeln!(
-        svg,
-        r#"<clipPath id="plot"><rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/></clipPath>"#
-    );
+    let _ = writeln!(svg, r#"<clipPath id="plot"><rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/></clipPath>"#);
+}
 
-    // Shaded phases: half a step either side of their samples.
-    let half = plot_w / (n - 1) as f64 / 2.0;
+/// Shaded warm-up and attribution: half a step either side of their samples.
+fn phases(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
+    let half = Plot::W / (plot.n - 1) as f64 / 2.0;
     for (phase, shade, label) in [(Phase::WarmUp, WARMUP_SHADE, "warm-up"), (Phase::Attribution, ATTRIBUTION_SHADE, "attribution")] {
         let indices: Vec<usize> = samples.iter().enumerate().filter(|(_, s)| s.phase == phase).map(|(i, _)| i).collect();
         if let (Some(&a), Some(&b)) = (indices.first(), indices.last()) {
-            let x0 = (x(a) - half).max(LEFT);
-            let x1 = (x(b) + half).min(WIDTH - RIGHT);
-            let _ = writeln!(svg, r#"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{plot_h}" fill="{shade}"/>"#, x1 - x0);
+            let x0 = (plot.x(a) - half).max(LEFT);
+            let x1 = (plot.x(b) + half).min(WIDTH - RIGHT);
+            let _ = writeln!(svg, r#"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{}" fill="{shade}"/>"#, x1 - x0, Plot::H);
             let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#666">{label}</text>"##, (x0 + x1) / 2.0, TOP + 14.0);
         }
     }
-    // Axes and grid, at round values of a binary unit.
-    let (unit, unit_name, tick) = tick_step(high - low);
-    let mut v = (low / tick).ceil() * tick;
-    while v <= high {
-        let yy = y(v);
+}
+
+/// Axes and grid, at round values of a binary unit, and the iterations.
+fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
+    let plot_h = Plot::H;
+    let (unit, unit_name, tick) = tick_step(plot.high - plot.low);
+    let mut v = (plot.low / tick).ceil() * tick;
+    while v <= plot.high {
+        let yy = plot.y(v);
         let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##, WIDTH - RIGHT);
         let label = tick_label(v, unit, unit_name);
         let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, yy + 4.0, escape(&label));
@@ -163,60 +230,53 @@ pub fn timeline(report: &Report) -> String {
             Phase::Attribution => format!("a{}", s.iteration),
             _ => s.iteration.to_string(),
         };
-        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, x(i), TOP + plot_h + 18.0);
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, plot.x(i), TOP + plot_h + 18.0);
     }
-    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration</text>"#, LEFT + plot_w / 2.0, HEIGHT - 14.0);
+    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration</text>"#, LEFT + Plot::W / 2.0, HEIGHT - 14.0);
+}
 
-    if let (Some(t), Some(start)) = (threshold, measured_start) {
-        let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="2" stroke-dasharray="6 3"/>"#,
-            x(start.saturating_sub(1)),
-            y(t),
-            x(end),
-            y(t)
-        );
-    }
-    // Driver first, the exact line last, so it is drawn on top; allocated
-    // is drawn wide, so where it equals the exact line it shows as a rim.
-    for ((_, color, dash, _), values) in series.iter().zip(&relative).rev() {
+/// Driver first, the exact line last, so it is drawn on top; allocated is
+/// drawn wide, so where it equals the exact line it shows as a rim.
+fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Option<f64>>]) {
+    for (line, values) in lines.iter().zip(relative).rev() {
         let points: Vec<String> =
-            values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", x(i), y(v)))).collect();
+            values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", plot.x(i), plot.y(v)))).collect();
         if points.len() < 2 {
             continue;
         }
-        let width = match *color {
+        let width = match line.color {
             LIVE_COLOR => 2.5,
             ALLOCATED_COLOR => 7.0,
             _ => 2.0,
         };
-        let dash = if dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{dash}""#) };
+        let dash = if line.dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{}""#, line.dash) };
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}"{dash} clip-path="url(#plot)" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{}" stroke-width="{width}"{dash} clip-path="url(#plot)" points="{}"/>"#,
+            line.color,
             points.join(" ")
         );
     }
-    // Legend.
-    let mut ly = TOP + 30.0;
-    let mut entries: Vec<(&str, &str)> = series
+}
+
+/// The names of the lines drawn (two points or more), and the threshold's.
+fn legend(svg: &mut String, lines: &[Line], relative: &[Vec<Option<f64>>], threshold: bool) {
+    let mut entries: Vec<(&str, &str)> = lines
         .iter()
-        .zip(&relative)
+        .zip(relative)
         .filter(|(_, v)| v.iter().flatten().count() >= 2)
-        .map(|((name, color, _, _), _)| (name.as_str(), *color))
+        .map(|(line, _)| (line.name.as_str(), line.color))
         .collect();
-    if threshold.is_some() {
+    if threshold {
         entries.push(("threshold", THRESHOLD_COLOR));
     }
+    let mut ly = TOP + 30.0;
     for (name, color) in entries {
         let lx = LEFT + 12.0;
         let _ = writeln!(svg, r#"<line x1="{lx}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/>"#, lx + 22.0);
         let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}">{name}</text>"#, lx + 28.0, ly + 4.0);
         ly += 16.0;
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 #[cfg(test)]

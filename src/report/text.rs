@@ -134,43 +134,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 horizon(s.iterations, out);
             }
         }
-        Verdict::Leak(leak) => {
-            let confirmation = leak.iterations.saturating_sub(s.iterations);
-            let _ = writeln!(
-                out,
-                "  {} retained over {} measured iterations{}: {} per iteration (threshold {}).",
-                bytes(leak.retained_bytes.max(0) as u64),
-                leak.iterations.min(s.iterations),
-                if confirmation > 0 { format!(" and {confirmation} confirmation iterations") } else { String::new() },
-                per_iteration_bytes(leak.bytes_per_iteration),
-                bytes(s.threshold_bytes)
-            );
-            let _ = writeln!(
-                out,
-                "  Live bytes reached a new high after measured iteration{} {}.",
-                if leak.growing_iterations.len() == 1 { "" } else { "s" },
-                ranges(&leak.growing_iterations)
-            );
-            if let Some((period, grown)) = leak.drift {
-                let every = if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
-                let _ = writeln!(out, "  It grew by exactly {} {every}, to the end of the confirmation window.", bytes(grown.max(0) as u64));
-            }
-            if report.verdict_layer == crate::Layer::HostObjects {
-                let _ = writeln!(
-                    out,
-                    "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
-                     records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
-                );
-            }
-            if let crate::Layer::OutsideLibtorch(_) = report.verdict_layer {
-                let _ = writeln!(
-                    out,
-                    "  What grew was allocated through the CUDA driver by code outside libtorch's allocators \
-                     (cuMemAlloc, cudaMalloc, cudaHostAlloc, cuMemCreate), seen through CUPTI: libtorch's \
-                     allocator statistics and empty_cache() do not know it."
-                );
-            }
-        }
+        Verdict::Leak(leak) => leak_lines(report, leak, out),
         Verdict::RecordsOfKeptTensors { retained_bytes, bytes_per_iteration } => {
             let _ = writeln!(
                 out,
@@ -256,6 +220,47 @@ fn verdict_lines(report: &Report, out: &mut String) {
             );
             let _ = writeln!(out, "  {reason}.");
         }
+    }
+}
+
+/// A leak: how much, over how many iterations, its pattern, and which
+/// layer it is in.
+fn leak_lines(report: &Report, leak: &crate::verdict::Leak, out: &mut String) {
+    let s = &report.settings;
+    let confirmation = leak.iterations.saturating_sub(s.iterations);
+    let _ = writeln!(
+        out,
+        "  {} retained over {} measured iterations{}: {} per iteration (threshold {}).",
+        bytes(leak.retained_bytes.max(0) as u64),
+        leak.iterations.min(s.iterations),
+        if confirmation > 0 { format!(" and {confirmation} confirmation iterations") } else { String::new() },
+        per_iteration_bytes(leak.bytes_per_iteration),
+        bytes(s.threshold_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "  Live bytes reached a new high after measured iteration{} {}.",
+        if leak.growing_iterations.len() == 1 { "" } else { "s" },
+        ranges(&leak.growing_iterations)
+    );
+    if let Some((period, grown)) = leak.drift {
+        let every = if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
+        let _ = writeln!(out, "  It grew by exactly {} {every}, to the end of the confirmation window.", bytes(grown.max(0) as u64));
+    }
+    if report.verdict_layer == crate::Layer::HostObjects {
+        let _ = writeln!(
+            out,
+            "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
+             records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
+        );
+    }
+    if let crate::Layer::OutsideLibtorch(_) = report.verdict_layer {
+        let _ = writeln!(
+            out,
+            "  What grew was allocated through the CUDA driver by code outside libtorch's allocators \
+             (cuMemAlloc, cudaMalloc, cudaHostAlloc, cuMemCreate), seen through CUPTI: libtorch's \
+             allocator statistics and empty_cache() do not know it."
+        );
     }
 }
 
