@@ -12,6 +12,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/headeronly/version.h>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -321,6 +322,55 @@ char* glt_cuda_pinned_held_bytes(int64_t* current, int64_t* peak, int* available
     auto stats = at::getHostAllocator(c10::DeviceType::CUDA)->get_stats();
     *current = stats.allocated_bytes.current;
     *peak = stats.allocated_bytes.peak;
+    *available = 1;
+  });
+}
+
+// Starts a new peak window in the pinned host allocator's statistics, as
+// the CUDA allocator's resetPeakStats does for device memory.
+char* glt_cuda_pinned_reset_peak() {
+  return guarded([&] {
+    if (torch_cuda_handle != nullptr) {
+      at::getHostAllocator(c10::DeviceType::CUDA)->reset_peak_stats();
+    }
+  });
+}
+
+// The libtorch version the shim was compiled against ("2.11.0"): a memory
+// baseline is kept per version, since workspaces and kernels change sizes.
+const char* glt_libtorch_version() {
+  return TORCH_VERSION;
+}
+
+// The model and compute capability of a CUDA device, from the driver API
+// (libcuda.so.1, loaded once CUDA is): what a memory baseline is keyed by.
+// *available is 0, and *name says why, where the driver cannot tell.
+char* glt_cuda_device_kind(int32_t device, char** name, int* major, int* minor, int* available) {
+  return guarded([&] {
+    *name = nullptr;
+    *available = 0;
+    using device_get_fn = int (*)(int*, int);
+    using get_name_fn = int (*)(char*, int, int);
+    using attribute_fn = int (*)(int*, int, int);
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto device_get = driver != nullptr ? reinterpret_cast<device_get_fn>(dlsym(driver, "cuDeviceGet")) : nullptr;
+    auto get_name = driver != nullptr ? reinterpret_cast<get_name_fn>(dlsym(driver, "cuDeviceGetName")) : nullptr;
+    auto attribute = driver != nullptr ? reinterpret_cast<attribute_fn>(dlsym(driver, "cuDeviceGetAttribute")) : nullptr;
+    if (device_get == nullptr || get_name == nullptr || attribute == nullptr) {
+      *name = copy_string("the CUDA driver (libcuda.so.1) is not loaded in this process");
+      return;
+    }
+    // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR.
+    constexpr int kMajor = 75;
+    constexpr int kMinor = 76;
+    int cu_device = 0;
+    char text[256] = {};
+    if (device_get(&cu_device, device) != 0 || get_name(text, sizeof text - 1, cu_device) != 0 ||
+        attribute(major, kMajor, cu_device) != 0 || attribute(minor, kMinor, cu_device) != 0) {
+      *name = copy_string("the CUDA driver does not know cuda:" + std::to_string(device));
+      return;
+    }
+    *name = copy_string(text);
     *available = 1;
   });
 }

@@ -6,7 +6,9 @@
 // is private, or reachable through `internals` (unstable, for this crate's
 // benches and probe tests) and `__private` (what the derive expands into).
 
+mod baseline;
 mod config;
+mod disk;
 mod environment;
 mod error;
 mod isolation;
@@ -19,7 +21,9 @@ mod scope;
 mod threads;
 mod verdict;
 
-pub use attribution::Site;
+pub use attribution::{Attribution, Site};
+pub use baseline::{BaselineMode, BaselineOutcome, BaselineStatus, FigureChange, Figures};
+pub use probe::Frame;
 pub use config::{Options, Plots, Suppression, CONFIG_FILE_NAME};
 pub use error::{Error, InvalidValue, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.

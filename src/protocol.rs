@@ -1,6 +1,7 @@
 //! The measurement protocol: warm-up, measured iterations with a sample after
 //! each, a verdict from the exact hook, and attribution only when it fails.
 use crate::attribution::{self, Attribution};
+use crate::baseline::{self, BaselineMode, BaselineOutcome, BaselineStatus, DeviceKind, Figures};
 use crate::config::Settings;
 use crate::device;
 use crate::layer::Layer;
@@ -203,6 +204,18 @@ struct Run<'a> {
     peak_bytes: i64,
     verdicts: Vec<Verdict>,
     attribution: Option<Attribution>,
+    /// Per sample, each followed layer's peak during the iteration before
+    /// it, above the level before that iteration (0 for host objects,
+    /// whose count keeps no peak).
+    iteration_peaks: Vec<Vec<i64>>,
+    /// Each followed layer's highest live bytes above `start` over setup,
+    /// warm-up, measured and confirmation iterations.
+    test_peaks: Vec<i64>,
+    /// The figures against the test's baseline, where it keeps one.
+    baseline: Option<BaselineOutcome>,
+    /// Where a peak over its baseline is reached: the allocations alive at
+    /// the peak of each attribution iteration, by site.
+    peak_sites: Option<Attribution>,
     references: Vec<crate::refs::Reference>,
     notes: Vec<String>,
     /// How attribution stopped, where the body failed during it.
@@ -271,6 +284,7 @@ impl<'a> Run<'a> {
         coverage: &Coverage,
     ) -> Run<'a> {
         let layers = followed_layers(device);
+        let start_len = layers.len();
         let sources: Vec<Source> = layers.iter().map(|&l| sources::choose(l, scope.is_process(), coverage)).collect();
         let start = layers.iter().zip(&sources).map(|(&l, &source)| sources::level(source, l, &tracker)).collect();
         Run {
@@ -291,6 +305,10 @@ impl<'a> Run<'a> {
             peak_bytes: 0,
             verdicts: Vec::new(),
             attribution: None,
+            iteration_peaks: Vec::new(),
+            test_peaks: vec![0; start_len],
+            baseline: None,
+            peak_sites: None,
             references: Vec::new(),
             notes: Vec::new(),
             attribution_stopped: None,
@@ -306,6 +324,7 @@ impl<'a> Run<'a> {
         let snapshot = self.take_snapshot();
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
         let levels = self.levels_now();
+        self.follow_peaks(phase, &levels);
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
             eprintln!(
@@ -329,6 +348,25 @@ impl<'a> Run<'a> {
         }
         self.time.sampling += started.elapsed();
         snapshot
+    }
+
+    /// Reads each tensor layer's peak since the sample before, relative to
+    /// the level then, and starts the next iteration's window.
+    fn follow_peaks(&mut self, phase: Phase, levels: &[i64]) {
+        let before = self.levels.last().unwrap_or(&self.start);
+        let mut rises = vec![0; self.layers.len()];
+        for (d, (&layer, &source)) in self.layers.iter().zip(&self.sources).enumerate() {
+            if !matches!(layer, Layer::Tensors(_)) {
+                continue;
+            }
+            let peak = sources::peak(source, layer, &self.tracker).max(levels[d]);
+            sources::reset_peak(source, layer, &self.tracker);
+            rises[d] = peak - before[d];
+            if phase != Phase::Attribution {
+                self.test_peaks[d] = self.test_peaks[d].max(peak - self.start[d]);
+            }
+        }
+        self.iteration_peaks.push(rises);
     }
 
     /// Each followed layer's live bytes now, as its source counts them.
@@ -444,10 +482,149 @@ impl<'a> Run<'a> {
         self.sample(Phase::Setup, 0);
         self.run_window(&mut iteration)?;
         self.decide_window();
+        self.judge_baseline();
         match self.attribution_iterations_needed() {
             Some(count) => self.attribute_and_judge(&mut iteration, count),
-            None => Ok(()),
+            None => {
+                self.attribute_peak_over_baseline(&mut iteration);
+                Ok(())
+            }
         }
+    }
+
+    /// The crate's folder, where the annotated files and the baselines are:
+    /// the build's where it exists here, else the checkout the test runs
+    /// from (nextest remaps CARGO_MANIFEST_DIR for an archive).
+    fn crate_folder(&self) -> Option<std::path::PathBuf> {
+        self.test.crate_root()
+    }
+
+    /// Each judged tensor layer's figures for its baseline, by layer name.
+    /// libtorch's host objects have none: their count keeps no peak.
+    fn baseline_figures(&self) -> std::collections::BTreeMap<String, Figures> {
+        let measured: Vec<usize> = (0..self.samples.len()).filter(|&i| self.samples[i].phase == Phase::Measure).collect();
+        self.judged()
+            .into_iter()
+            .filter(|&d| matches!(self.layers[d], Layer::Tensors(_)))
+            .map(|d| {
+                let figures = Figures {
+                    iteration_peak_bytes: measured.iter().map(|&i| self.iteration_peaks[i][d]).max().unwrap_or(0),
+                    after_warmup_bytes: self.series(d).baseline() - self.start[d],
+                    test_peak_bytes: self.test_peaks[d],
+                };
+                (self.layers[d].name(), figures)
+            })
+            .collect()
+    }
+
+    /// Compares the figures with the test's baseline, or writes it
+    /// (`GPU_LEAK_TEST_BASELINES=update`). A figure over its baseline
+    /// becomes its device's verdict unless that already fails; a baseline
+    /// that is required and missing, or cannot be read or written, fails
+    /// the body's device.
+    fn judge_baseline(&mut self) {
+        let settings = self.settings;
+        if !settings.baseline {
+            return;
+        }
+        let body = self.body();
+        let kind = match DeviceKind::of(self.device) {
+            Ok(kind) => kind,
+            Err(why) => {
+                self.fail_baseline(body, "(none)".into(), format!("the device's kind, which names the baseline, is unknown: {why}"));
+                return;
+            }
+        };
+        let relative = baseline::relative_path(&self.test.name, &kind);
+        let file = relative.display().to_string();
+        let Some(folder) = self.crate_folder() else {
+            self.fail_baseline(body, file, "the crate's folder is unknown here (no CARGO_MANIFEST_DIR)".into());
+            return;
+        };
+        let path = folder.join(&relative);
+        let measured = self.baseline_figures();
+        let mut outcome = BaselineOutcome::new(file.clone(), &kind, settings.baseline_tolerance_pct, measured.clone());
+        match settings.baselines {
+            BaselineMode::Update => match baseline::write(&path, &self.test.name, &kind, &measured) {
+                Ok(()) => outcome.status = BaselineStatus::Written,
+                Err(why) => return self.fail_baseline(body, file, why),
+            },
+            mode => match baseline::read(&path) {
+                Err(why) => return self.fail_baseline(body, file, why),
+                Ok(None) if mode == BaselineMode::Require => {
+                    let reason = format!(
+                        "there is none, and {}=require asks for one. Write it with `{}`, review it and commit it",
+                        baseline::MODE_VAR,
+                        baseline::update_command(&self.test.name)
+                    );
+                    outcome.status = BaselineStatus::Missing;
+                    self.baseline = Some(outcome);
+                    return self.fail_baseline(body, file, reason);
+                }
+                Ok(None) => outcome.status = BaselineStatus::Pending,
+                Ok(Some(recorded)) => {
+                    let (over, lower) = baseline::compare(&measured, &recorded, settings.baseline_tolerance_pct);
+                    outcome.status = if over.is_empty() { BaselineStatus::Within } else { BaselineStatus::Over };
+                    // The biggest rise on each device is its verdict.
+                    for change in &over {
+                        let Some(d) = self.layers.iter().position(|l| l.name() == change.device) else { continue };
+                        if !self.verdicts[d].is_failure() {
+                            self.verdicts[d] = Verdict::PeakOverBaseline {
+                                figure: change.figure.clone(),
+                                baseline_bytes: change.baseline_bytes,
+                                measured_bytes: change.measured_bytes,
+                                tolerance_pct: settings.baseline_tolerance_pct,
+                            };
+                        }
+                    }
+                    (outcome.baseline, outcome.over, outcome.lower) = (Some(recorded), over, lower);
+                }
+            },
+        }
+        self.baseline = Some(outcome);
+    }
+
+    /// Fails device `d` for a baseline that cannot be used, where nothing
+    /// fails it already.
+    fn fail_baseline(&mut self, d: usize, file: String, reason: String) {
+        if !self.verdicts[d].is_failure() {
+            self.verdicts[d] = Verdict::NoBaseline { file, reason };
+        }
+    }
+
+    /// Where a figure rose over its baseline on a device, runs the
+    /// attribution iterations again with stack capture and takes the
+    /// allocations alive at each one's peak on that device: the sites where
+    /// the new peak is reached.
+    fn attribute_peak_over_baseline(&mut self, iteration: &mut impl FnMut() -> std::result::Result<(), String>) {
+        let judged = self.judged();
+        let Some(d) = judged.into_iter().find(|&d| matches!(self.verdicts[d], Verdict::PeakOverBaseline { .. })) else { return };
+        let (layer, source) = (self.layers[d], self.sources[d]);
+        let count = self.settings.attribution_iterations;
+        let (started, sampling_before) = (Instant::now(), self.time.sampling);
+        self.tracker.clear_recorded();
+        self.tracker.start_recording(1);
+        self.tracker.watch_peak(layer, source == Source::CudaAllocatorCalls);
+        let mut alive_at_peaks = Vec::new();
+        for i in 1..=count {
+            self.tracker.set_tag(i);
+            if let Err(stopped) = self.call(Phase::Attribution, i, &mut *iteration) {
+                self.notes.push(format!(
+                    "finding where the peak is reached stopped: the body failed ({}) in attribution iteration {i}",
+                    stopped.label()
+                ));
+                break;
+            }
+            self.sample(Phase::Attribution, i);
+            alive_at_peaks.extend(self.tracker.take_alive_at_peak().0);
+        }
+        self.tracker.stop_watching_peak();
+        self.tracker.stop_recording();
+        self.tracker.clear_recorded();
+        let root = self.test.root.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
+        self.peak_sites = Some(attribution::attribute(&alive_at_peaks, count, &root));
+        self.time.attribution = started.elapsed();
+        self.time.sampling = sampling_before;
     }
 
     /// Warm-up, the measured iterations, and the confirmation iterations
@@ -507,7 +684,7 @@ impl<'a> Run<'a> {
         let threshold = settings.threshold_bytes();
         self.after = Some(self.snapshot_now());
         let body = self.body();
-        self.peak_bytes = sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body];
+        self.peak_bytes = self.test_peaks[body];
         let peak = settings.peak_budget_bytes().map(|budget| (self.peak_bytes, budget));
         self.verdicts = (0..self.layers.len())
             .map(|d| verdict::decide(&self.series(d), settings.iterations, threshold, peak.filter(|_| d == body)))
@@ -811,6 +988,7 @@ impl<'a> Run<'a> {
         let devices = self.device_results(&judged);
         let series = self.series(chosen);
         let host_heap_growth = self.host_heap_growth(&judged);
+        let crate_root = self.crate_folder().map(|root| root.display().to_string());
         let mut samples = self.samples;
         for (sample, levels) in samples.iter_mut().zip(&self.levels) {
             sample.live_bytes = levels[chosen];
@@ -822,13 +1000,7 @@ impl<'a> Run<'a> {
         let mut report = Report {
             test: self.test.name.clone(),
             location: self.test.location.clone(),
-            // The checkout the test runs from (nextest remaps it for an
-            // archive), where the annotated files are; else the build's.
-            crate_root: std::env::var_os("CARGO_MANIFEST_DIR")
-                .map(std::path::PathBuf::from)
-                .filter(|root| root.is_dir())
-                .or_else(|| self.test.crate_root())
-                .map(|root| root.display().to_string()),
+            crate_root,
             device: self.device,
             verdict_device: self.layers[chosen].device(),
             verdict_layer: self.layers[chosen],
@@ -843,16 +1015,13 @@ impl<'a> Run<'a> {
             },
             setup_bytes: series.after_setup - series.start,
             warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
-            // A run stopped early has not stored its peak yet.
-            peak_bytes: if self.peak_bytes != 0 {
-                self.peak_bytes
-            } else {
-                sources::peak(self.sources[body], self.layers[body], &self.tracker) - self.start[body]
-            },
+            peak_bytes: self.test_peaks[body],
             samples,
             before: self.before.as_ref().map(MemoryViews::from_snapshot),
             after: self.after.as_ref().map(MemoryViews::from_snapshot),
             attribution: self.attribution,
+            baseline: self.baseline,
+            peak_sites: self.peak_sites,
             attribution_failure: self.attribution_stopped,
             references: self.references,
             files: None,

@@ -302,6 +302,15 @@ pub enum Verdict {
     Suppressed { retained_bytes: i64, bytes_per_iteration: f64 },
     /// The live-bytes peak went over the `peak_mb` budget.
     PeakOverBudget { peak_bytes: i64, budget_bytes: u64 },
+    /// A memory figure rose above its reviewed baseline
+    /// (`memory-baselines/`) by more than `baseline_tolerance_pct`
+    /// percent: `figure` is the one that rose most on this device (the
+    /// report's `baseline` lists every one).
+    PeakOverBaseline { figure: String, baseline_bytes: i64, measured_bytes: i64, tolerance_pct: f64 },
+    /// The test keeps a baseline, but none can be used: there is none and
+    /// `GPU_LEAK_TEST_BASELINES=require` asks for one, or the file cannot
+    /// be read. `file` is relative to the crate's folder.
+    NoBaseline { file: String, reason: String },
     /// The body panicked.
     Panicked { phase: Phase, iteration: u32, message: String },
     /// libtorch could not allocate (out of memory) inside the body.
@@ -323,9 +332,10 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The verdicts that fail a test: a leak, a peak over budget, a body
-    /// that panicked, ran out of memory or returned an error, and a device
-    /// that could not be measured.
+    /// The verdicts that fail a test: a leak, a peak over budget or over
+    /// its baseline, a baseline that is required and missing, a body that
+    /// panicked, ran out of memory or returned an error, and a device that
+    /// could not be measured.
     pub fn is_failure(&self) -> bool {
         !matches!(
             self,
@@ -350,6 +360,8 @@ impl Verdict {
             Verdict::Bounded { .. } => "bounded",
             Verdict::Suppressed { .. } => "suppressed",
             Verdict::PeakOverBudget { .. } => "peak_over_budget",
+            Verdict::PeakOverBaseline { .. } => "peak_over_baseline",
+            Verdict::NoBaseline { .. } => "no_baseline",
             Verdict::Panicked { .. } => "panicked",
             Verdict::OutOfMemory { .. } => "out_of_memory",
             Verdict::BodyError { .. } => "error",

@@ -11,7 +11,8 @@ fn options_call(options: &Options, krate: &syn::Path) -> TokenStream {
     let fields = options.values.iter().map(|(key, value)| {
         let key = format_ident!("{key}");
         let value = match value {
-            Value::Mib(mib) => quote!(#mib),
+            Value::Number(number) => quote!(#number),
+            Value::Flag(flag) => quote!(#flag),
             Value::Whole(count) => quote!(#count),
             Value::Text(text) => quote!(#krate::__private::checked_text(#text)),
         };

@@ -10,7 +10,8 @@ use syn::{Expr, ExprLit, ExprUnary, FnArg, ItemFn, Lit, Pat, PatType, ReturnType
 
 /// One checked value, typed as the runtime's field takes it.
 pub(crate) enum Value {
-    Mib(f64),
+    Number(f64),
+    Flag(bool),
     Whole(u32),
     /// Parsed by the field's type (`FromStr`) in the expansion.
     Text(String),
@@ -31,9 +32,9 @@ fn literal(expr: &Expr) -> Option<&Lit> {
     }
 }
 
-/// A number of MiB: a float or integer literal, possibly negated (so the
-/// range check, not the syntax check, answers `-1.0`).
-fn mib(option: &RawOption, check: fn(&f64) -> Result<(), String>) -> syn::Result<f64> {
+/// A number: a float or integer literal, possibly negated (so the range
+/// check, not the syntax check, answers `-1.0`); `what` names it.
+fn number(option: &RawOption, check: fn(&f64) -> Result<(), String>, what: &str) -> syn::Result<f64> {
     let (negative, expr) = match &option.value {
         Expr::Unary(ExprUnary { op: UnOp::Neg(_), expr, .. }) => (true, &**expr),
         other => (false, other),
@@ -43,12 +44,22 @@ fn mib(option: &RawOption, check: fn(&f64) -> Result<(), String>) -> syn::Result
         Some(Lit::Int(i)) => i.base10_parse::<f64>()?,
         _ => {
             let key = &option.key;
-            return Err(syn::Error::new(option.value.span(), format!("`{key}` expects a number of MiB, like `{key} = 1.0`")));
+            return Err(syn::Error::new(option.value.span(), format!("`{key}` expects {what}, like `{key} = 1.0`")));
         }
     };
     let value = if negative { -magnitude } else { magnitude };
     check(&value).map_err(|why| syn::Error::new(option.value.span(), format!("`{}`: {why}", option.key)))?;
     Ok(value)
+}
+
+fn flag(option: &RawOption) -> syn::Result<bool> {
+    match literal(&option.value) {
+        Some(Lit::Bool(b)) => Ok(b.value),
+        _ => {
+            let key = &option.key;
+            Err(syn::Error::new(option.value.span(), format!("`{key}` expects `true` or `false`, like `{key} = true`")))
+        }
+    }
 }
 
 fn whole(option: &RawOption, check: fn(&u32) -> Result<(), String>) -> syn::Result<u32> {
@@ -83,7 +94,8 @@ pub(crate) fn options(raw: &[RawOption]) -> syn::Result<Options> {
         let spec = gpu_leak_test_options::option(&option.key)
             .unwrap_or_else(|| unreachable!("parse::options lets only known names through, not {}", option.key));
         let value = match spec.value {
-            AttributeValue::Mib(check) => Value::Mib(mib(option, check)?),
+            AttributeValue::Number(check, what) => Value::Number(number(option, check, what)?),
+            AttributeValue::Flag => Value::Flag(flag(option)?),
             AttributeValue::Whole(check) => Value::Whole(whole(option, check)?),
             AttributeValue::Text(check, expected) => Value::Text(text(option, check, expected)?),
             AttributeValue::SuiteOnly => unreachable!("parse::options refuses suite-wide options"),

@@ -10,9 +10,11 @@ pub mod rules;
 /// How the attribute takes an option's value.
 #[derive(Clone, Copy)]
 pub enum AttributeValue {
-    /// A number of MiB: a float or integer literal, possibly negated,
-    /// checked by the rule.
-    Mib(fn(&f64) -> Result<(), String>),
+    /// A number: a float or integer literal, possibly negated, checked by
+    /// the rule; the text says what it counts ("a number of MiB").
+    Number(fn(&f64) -> Result<(), String>, &'static str),
+    /// `true` or `false`.
+    Flag,
     /// A whole-number literal, checked by the rule.
     Whole(fn(&u32) -> Result<(), String>),
     /// A string literal, checked by the rule; the text lists what is valid.
@@ -39,8 +41,9 @@ pub struct AttributeOption {
 /// typed values such as a device are valid once parsed, by the rule the
 /// attribute uses too), `rule_fn` a function of [`rules`] taking `&Type`
 /// (for every source), and
-/// the attribute kind one of `mib`, `whole`, `text("what is valid")` or
-/// `suite_only`, with the rule the attribute checks literals with.
+/// the attribute kind one of `mib`, `percent`, `flag`, `whole`,
+/// `text("what is valid")` or `suite_only`, with the rule the attribute
+/// checks literals with.
 #[macro_export]
 macro_rules! for_each_option {
     ($callback:ident) => {
@@ -67,6 +70,15 @@ macro_rules! for_each_option {
             report_dir: String, env "GPU_LEAK_TEST_REPORT_DIR", rule any, attribute suite_only;
             /// Which tests get an SVG timeline: failing (default), all or none.
             plots: Plots, env "GPU_LEAK_TEST_PLOTS", rule any, attribute suite_only;
+            /// Keep this test's memory figures as a reviewed baseline in
+            /// `memory-baselines/` and fail where one grows past it (default false).
+            baseline: bool, env "GPU_LEAK_TEST_BASELINE", rule any, attribute flag;
+            /// How far, in percent, a figure may rise above its baseline and
+            /// still pass (default 5; 0 allowed).
+            baseline_tolerance_pct: f64, env "GPU_LEAK_TEST_BASELINE_TOLERANCE_PCT", rule baseline_tolerance_pct, attribute percent(baseline_tolerance_pct);
+            /// What runs do with baselines: `check` (default: compare where one
+            /// exists), `update` (write them), `require` (fail a test without one).
+            baselines: BaselineMode, env "GPU_LEAK_TEST_BASELINES", rule any, attribute suite_only;
         }
     };
 }
@@ -83,7 +95,13 @@ macro_rules! attribute_table {
 
 macro_rules! attribute_value {
     (mib($rule:ident)) => {
-        AttributeValue::Mib(rules::$rule)
+        AttributeValue::Number(rules::$rule, "a number of MiB")
+    };
+    (percent($rule:ident)) => {
+        AttributeValue::Number(rules::$rule, "a percentage")
+    };
+    (flag) => {
+        AttributeValue::Flag
     };
     (whole($rule:ident)) => {
         AttributeValue::Whole(rules::$rule)
@@ -118,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_attribute_checks_literals_with_the_rules_every_source_uses() {
-        let Some(AttributeOption { value: AttributeValue::Mib(check), .. }) = option("threshold_mb") else { panic!() };
+        let Some(AttributeOption { value: AttributeValue::Number(check, _), .. }) = option("threshold_mb") else { panic!() };
         assert!(check(&1.0).is_ok() && check(&-1.0).is_err());
         let Some(AttributeOption { value: AttributeValue::Text(check, valid), .. }) = option("device") else { panic!() };
         assert!(check("cuda:1").is_ok() && check("gpu").is_err() && valid.contains("cuda:N"));

@@ -69,6 +69,16 @@ pub fn peak_mb(value: &f64) -> Result<(), String> {
     }
 }
 
+/// `baseline_tolerance_pct`: a finite percentage, 0 or more (0: any rise
+/// fails).
+pub fn baseline_tolerance_pct(value: &f64) -> Result<(), String> {
+    if value.is_finite() && *value >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{value}% is not allowed; use a non-negative percentage (0 fails any rise)"))
+    }
+}
+
 /// `iterations`: at least one measured iteration.
 pub fn iterations(value: &u32) -> Result<(), String> {
     if *value >= 1 {

@@ -44,6 +44,10 @@ pub(crate) const DEFAULT_ITERATIONS: u32 = 5;
 pub(crate) const DEFAULT_THRESHOLD_MB: f64 = 0.0;
 /// Iterations run with stack capture after a failing verdict.
 pub(crate) const DEFAULT_ATTRIBUTION_ITERATIONS: u32 = 3;
+/// How far a figure may rise above its baseline: room for a library's
+/// workspace that changes size, little enough that a step needing a
+/// tenth more memory fails.
+pub(crate) const DEFAULT_BASELINE_TOLERANCE_PCT: f64 = 5.0;
 
 /// One MiB: `threshold_mb` and `peak_mb` count in MiB, as
 /// `torch.cuda.memory_allocated() / 1024**2` does.
@@ -66,6 +70,9 @@ pub struct Settings {
     pub plots: Plots,
     /// From `gpu-leak-test.yaml`.
     pub suppressions: Vec<Suppression>,
+    pub baseline: bool,
+    pub baseline_tolerance_pct: f64,
+    pub baselines: crate::baseline::BaselineMode,
 }
 
 impl Default for Settings {
@@ -81,6 +88,9 @@ impl Default for Settings {
             report_dir: None,
             plots: Plots::default(),
             suppressions: Vec::new(),
+            baseline: false,
+            baseline_tolerance_pct: DEFAULT_BASELINE_TOLERANCE_PCT,
+            baselines: crate::baseline::BaselineMode::Check,
         }
     }
 }
@@ -143,6 +153,9 @@ impl Settings {
             report_dir: merged.report_dir.map(std::path::PathBuf::from),
             plots: merged.plots.unwrap_or_default(),
             suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),
+            baseline: merged.baseline.unwrap_or(defaults.baseline),
+            baseline_tolerance_pct: merged.baseline_tolerance_pct.unwrap_or(defaults.baseline_tolerance_pct),
+            baselines: merged.baselines.unwrap_or_default(),
         })
     }
 }

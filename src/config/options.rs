@@ -6,6 +6,7 @@
 use super::Plots;
 use crate::device::DeviceChoice;
 use crate::scope::Scope;
+use crate::baseline::BaselineMode;
 use crate::error::{Error, Result};
 
 /// A value an option can hold: parsed from an environment variable, shown in
@@ -27,6 +28,15 @@ impl OptionValue for u32 {
 impl OptionValue for f64 {
     fn parse_text(text: &str) -> std::result::Result<Self, String> {
         text.trim().parse().map_err(|_| format!("{text:?} is not a valid number of MiB"))
+    }
+    fn text(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl OptionValue for bool {
+    fn parse_text(text: &str) -> std::result::Result<Self, String> {
+        crate::environment::parse_bool("", text).map_err(|_| format!("{text:?} is not a boolean; use 1 or 0"))
     }
     fn text(&self) -> String {
         self.to_string()
@@ -57,7 +67,7 @@ macro_rules! from_text {
     )*};
 }
 
-from_text!(DeviceChoice, Scope);
+from_text!(DeviceChoice, Scope, BaselineMode);
 
 impl OptionValue for Plots {
     fn parse_text(text: &str) -> std::result::Result<Self, String> {

@@ -247,6 +247,36 @@ pub fn pinned_held_bytes() -> Option<Stat> {
     (asked.is_ok() && available == 1).then(|| Stat { current: current.max(0) as u64, peak: peak.max(0) as u64 })
 }
 
+/// Starts a new peak window in the pinned host allocator's statistics.
+pub fn pinned_reset_peak() -> Result<()> {
+    // SAFETY: no arguments; the shim checks that libtorch_cuda is loaded.
+    ffi::check("glt_cuda_pinned_reset_peak", unsafe { ffi::glt_cuda_pinned_reset_peak() })
+}
+
+/// The libtorch version this crate was built against, as `2.11.0`.
+pub fn libtorch_version() -> String {
+    // SAFETY: the shim returns a pointer to a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(ffi::glt_libtorch_version()) }.to_string_lossy().into_owned()
+}
+
+/// A CUDA device's model and compute capability, as `("NVIDIA H200", 9, 0)`,
+/// or why the driver cannot tell.
+pub fn device_kind(index: usize) -> std::result::Result<(String, i32, i32), String> {
+    let device = check_device(index).map_err(|e| e.to_string())?;
+    let (mut name, mut major, mut minor, mut available): (*mut c_char, c_int, c_int, c_int) = (std::ptr::null_mut(), 0, 0, 0);
+    // SAFETY: plain out-parameters; `name` is a string the shim allocated.
+    ffi::check("glt_cuda_device_kind", unsafe {
+        ffi::glt_cuda_device_kind(device, &mut name, &mut major, &mut minor, &mut available)
+    })
+    .map_err(|e| e.to_string())?;
+    let name = ffi::take_string(name).unwrap_or_default();
+    if available != 0 {
+        Ok((name, major, minor))
+    } else {
+        Err(name)
+    }
+}
+
 /// Frees the pinned blocks no tensor uses (`torch._C._host_emptyCache`).
 pub fn pinned_empty_cache() -> Result<()> {
     check_any()?;

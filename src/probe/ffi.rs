@@ -48,6 +48,15 @@ extern "C" {
     pub(crate) fn glt_cuda_allocator_backend(name: *mut *mut c_char) -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_held_bytes(current: *mut i64, peak: *mut i64, available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_empty_cache() -> *mut c_char;
+    pub(crate) fn glt_cuda_pinned_reset_peak() -> *mut c_char;
+    pub(crate) fn glt_libtorch_version() -> *const c_char;
+    pub(crate) fn glt_cuda_device_kind(
+        device: i32,
+        name: *mut *mut c_char,
+        major: *mut c_int,
+        minor: *mut c_int,
+        available: *mut c_int,
+    ) -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_canary(bytes: i64, before: *mut i64, with: *mut i64, after: *mut i64) -> *mut c_char;
     pub(crate) fn glt_hook_push(
         on_event: EventFn,

@@ -243,6 +243,27 @@ struct Block {
     tid: u32,
     /// Present for blocks allocated while recording was on.
     recorded: Option<Box<LiveAllocation>>,
+    /// The peak watch's count of events when it was allocated (0 outside
+    /// a watch).
+    watched_at: u64,
+}
+
+/// Follows one slot's live bytes while recording, to tell which recorded
+/// allocations were alive together at its highest point: where a peak is
+/// reached. The events are numbered; a block alive at the highest point
+/// was allocated at or before it and freed after it.
+struct PeakWatch {
+    slot: usize,
+    /// Events counted in the slot since the watch began.
+    events: u64,
+    /// The event count and live bytes when the current window began.
+    window_start: u64,
+    start_level: i64,
+    highest: i64,
+    highest_at: u64,
+    /// Recorded blocks freed during the watch: when each was allocated and
+    /// freed, and the allocation.
+    freed: Vec<(u64, u64, Box<LiveAllocation>)>,
 }
 
 /// Everything one event updates, behind one lock: the event takes it
@@ -259,6 +280,7 @@ struct Counts {
     /// Tensor allocations made by threads other than the owner (autograd's
     /// device threads, helpers the test entered the tracker on).
     allocations_on_other_threads: u64,
+    peak_watch: Option<PeakWatch>,
 }
 
 pub(super) struct TrackerState {
@@ -326,16 +348,21 @@ impl TrackerState {
         });
         let tid = current_tid();
         let mut counts = lock(&self.counts);
-        let replaced = counts.blocks.insert(address, Block { bytes, slot, tid, recorded });
+        let watched_at = counts.watched_event(slot);
+        let replaced = counts.blocks.insert(address, Block { bytes, slot, tid, recorded, watched_at });
         if let Some(old) = replaced {
             // The address is in use again, so its old block was freed where
             // the hook could not see it (a thread without the hook).
-            counts.count_free(&old);
+            counts.count_free(old);
         }
         let counters = &mut counts.slots[slot];
         counters.live += bytes as i64;
         counters.allocations += 1;
         counters.peak = counters.peak.max(counters.live);
+        let live = counters.live;
+        if let Some(watch) = counts.peak_watch.as_mut().filter(|w| w.slot == slot && live > w.highest) {
+            (watch.highest, watch.highest_at) = (live, watched_at);
+        }
         if other_thread && !frees_broadcast(slot) {
             counts.allocations_on_other_threads += 1;
         }
@@ -351,7 +378,7 @@ impl TrackerState {
             }
             return;
         };
-        counts.count_free(&block);
+        counts.count_free(block);
     }
 }
 
@@ -363,15 +390,31 @@ impl Default for Counts {
             blocks: BlockMap::default(),
             foreign_frees: 0,
             allocations_on_other_threads: 0,
+            peak_watch: None,
         }
     }
 }
 
 impl Counts {
-    fn count_free(&mut self, block: &Block) {
+    fn count_free(&mut self, block: Block) {
         let counters = &mut self.slots[block.slot];
         counters.live -= block.bytes as i64;
         counters.frees += 1;
+        let freed_at = self.watched_event(block.slot);
+        if let (Some(watch), Some(recorded)) = (self.peak_watch.as_mut().filter(|w| w.slot == block.slot), block.recorded) {
+            watch.freed.push((block.watched_at, freed_at, recorded));
+        }
+    }
+
+    /// Numbers an event of `slot` for the peak watch; 0 where none watches it.
+    fn watched_event(&mut self, slot: usize) -> u64 {
+        match self.peak_watch.as_mut().filter(|w| w.slot == slot) {
+            Some(watch) => {
+                watch.events += 1;
+                watch.events
+            }
+            None => 0,
+        }
     }
 }
 
@@ -574,6 +617,54 @@ impl Tracker {
             *by_stack.entry((recorded.layer, recorded.stack.ips().to_vec())).or_default() += recorded.bytes;
         }
         by_stack
+    }
+
+    /// Starts following `layer`'s live bytes (as libtorch's CUDA allocator
+    /// asked the driver for them, where `allocator_calls`) for
+    /// [`Tracker::take_alive_at_peak`]; call it while recording.
+    pub(crate) fn watch_peak(&self, layer: Layer, allocator_calls: bool) {
+        let slot = match layer {
+            Layer::Tensors(Device::Cuda(index)) if allocator_calls => ALLOCATOR_CALLS_SLOTS + index.min(MAX_CUDA_DEVICES - 1),
+            _ => slot_of_layer(layer),
+        };
+        let mut counts = lock(&self.state.counts);
+        let live = counts.slots[slot].live;
+        counts.peak_watch =
+            Some(PeakWatch { slot, events: 0, window_start: 0, start_level: live, highest: live, highest_at: 0, freed: Vec::new() });
+    }
+
+    /// The recorded allocations of the current window alive together when
+    /// the watched layer was at its highest in it, and how far that was
+    /// above the level the window began at; a new window begins. A window
+    /// is one iteration where this is called after each. Blocks allocated
+    /// before the window are the level it began at, and are left out.
+    pub(crate) fn take_alive_at_peak(&self) -> (Vec<LiveAllocation>, i64) {
+        let mut counts = lock(&self.state.counts);
+        let Some(mut watch) = counts.peak_watch.take() else { return (Vec::new(), 0) };
+        let (start, at) = (watch.window_start, watch.highest_at);
+        let in_window = |allocated: u64| allocated > start && allocated <= at;
+        let mut alive: Vec<LiveAllocation> = std::mem::take(&mut watch.freed)
+            .into_iter()
+            .filter(|(allocated, freed, _)| in_window(*allocated) && at < *freed)
+            .map(|(_, _, recorded)| *recorded)
+            .collect();
+        alive.extend(
+            counts
+                .blocks
+                .values()
+                .filter(|b| b.slot == watch.slot && in_window(b.watched_at))
+                .filter_map(|b| b.recorded.as_deref().cloned()),
+        );
+        let rise = watch.highest - watch.start_level;
+        let live = counts.slots[watch.slot].live;
+        (watch.window_start, watch.start_level, watch.highest, watch.highest_at) = (watch.events, live, live, watch.events);
+        counts.peak_watch = Some(watch);
+        (alive, rise)
+    }
+
+    /// Stops the peak watch.
+    pub(crate) fn stop_watching_peak(&self) {
+        lock(&self.state.counts).peak_watch = None;
     }
 
     /// Live bytes and blocks per allocating thread id, over every device.

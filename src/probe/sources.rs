@@ -182,6 +182,10 @@ pub(crate) fn reset_peak(source: Source, layer: Layer, tracker: &Tracker) {
         }
         (Source::OperatorNew, _) => {}
         (Source::CudaAllocatorCalls, Layer::Tensors(Device::Cuda(index))) => tracker.reset_cuda_allocator_calls_peak(index),
+        (Source::CpuAndPinnedAllocators, _) => {
+            tracker.reset_peak(layer);
+            let _ = cuda::pinned_reset_peak();
+        }
         _ => tracker.reset_peak(layer),
     }
 }

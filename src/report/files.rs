@@ -5,7 +5,7 @@
 //! file; a failed write is a warning and never changes a verdict.
 use crate::layer::device_name;
 use super::json;
-use super::disk::{append, create_folder, write_atomically};
+use crate::disk::{append, create_folder, fnv1a, write_atomically};
 use super::{svg, Report};
 use crate::config::Plots;
 use std::path::{Path, PathBuf};
@@ -75,11 +75,6 @@ fn test_binary_identity() -> String {
         })
         .unwrap_or_default();
     format!("{package}\0{binary}")
-}
-
-/// FNV-1a: stable across runs and platforms, unlike std's hasher.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf29ce484222325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x100000001b3))
 }
 
 /// A file name for a test on a device (`row1_keeps_losses.cuda0.3f9a61c2`):

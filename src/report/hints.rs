@@ -15,6 +15,7 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
              intermediates early lowers it too."
                 .into(),
         ),
+        Verdict::PeakOverBaseline { figure, .. } => hints.push(peak_over_baseline_hint(report, figure)),
         Verdict::OutOfMemory { .. } => hints.push(
             "the views show what the device held at the failure: if `tensors alive` is small but reserved is large, \
              the allocator's cache is fragmented (try `cuda::empty_cache()` before the test or smaller batches); \
@@ -123,4 +124,27 @@ fn observation_hints(report: &Report) -> Vec<String> {
         }
     }
     hints
+}
+
+/// Where the new peak is reached, by site, and what usually raises each
+/// figure.
+fn peak_over_baseline_hint(report: &Report, figure: &str) -> String {
+    let site = report.peak_sites.as_ref().and_then(|sites| sites.sites.first()).map(|top| {
+        format!(
+            "the biggest share of the peak, {} of it each iteration, is allocated at {}. ",
+            super::bytes(top.bytes_per_iteration.round().max(0.0) as u64),
+            top.location.as_deref().unwrap_or(&top.description)
+        )
+    });
+    let usual = match figure {
+        "after_warmup_bytes" => {
+            "The level after warm-up is the model, the optimizer's state and caches: a bigger layer, a new parameter \
+             group or optimizer state raises it."
+        }
+        _ => {
+            "A peak is the activations saved for backward and the temporaries alive at once: a bigger batch or \
+             hidden size, an output kept past its use, or evaluation without `tch::no_grad` raises it."
+        }
+    };
+    format!("{}{usual}", site.unwrap_or_default())
 }

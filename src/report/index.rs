@@ -29,6 +29,9 @@ pub(super) struct IndexRow {
     bytes_per_iteration: Option<f64>,
     peak_bytes: i64,
     site: Option<String>,
+    /// Where a test keeps a memory baseline: its status and biggest change.
+    #[serde(default)]
+    baseline: Option<String>,
     plot: Option<String>,
     run: String,
     /// Seconds since the Unix epoch.
@@ -56,6 +59,7 @@ impl IndexRow {
             bytes_per_iteration,
             peak_bytes: report.peak_bytes,
             site: report.top_site().map(|s| s.location.clone().unwrap_or_else(|| s.description.clone())),
+            baseline: report.baseline.as_ref().map(|b| b.summary()),
             plot: plot.map(str::to_string),
             run: run_id(),
             written_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -134,7 +138,7 @@ pub const COMPACTION_SLACK: u64 = 64 * 1024;
 const PAGE_MARK: &str = "<!-- gpu-leak-test index 2; rows compacted at ";
 
 fn append(path: &Path, text: &str) -> Result<(), String> {
-    super::disk::append(path, text).map_err(|e| format!("cannot append to {}: {e}", path.display()))
+    crate::disk::append(path, text).map_err(|e| format!("cannot append to {}: {e}", path.display()))
 }
 
 /// The rows size recorded in the page's mark, where the page is of this
@@ -175,9 +179,9 @@ fn newest_per_report(rows: impl IntoIterator<Item = IndexRow>) -> Vec<IndexRow> 
 fn write_compacted(dir: &Path, rows: &[IndexRow], run: &str) -> Result<PathBuf, String> {
     let rows_path = dir.join("index.rows");
     let text: String = rows.iter().filter_map(|r| serde_json::to_string(r).ok()).map(|line| line + "\n").collect();
-    super::disk::write_atomically(&rows_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", rows_path.display()))?;
+    crate::disk::write_atomically(&rows_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", rows_path.display()))?;
     let page = dir.join("index.html");
-    super::disk::write_atomically(&page, render(rows, run, text.len() as u64).as_bytes())
+    crate::disk::write_atomically(&page, render(rows, run, text.len() as u64).as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", page.display()))?;
     Ok(page)
 }
@@ -223,7 +227,7 @@ fn merge_into(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
             input.display()
         ));
     }
-    super::disk::create_folder(out)?;
+    crate::disk::create_folder(out)?;
     let merged_run = format!("merged-{}", std::process::id());
     // Each report's row with the folder it came from: the newest row wins,
     // and its own files go with it, so the row and the JSON, page and plot
@@ -274,7 +278,7 @@ fn row_html(r: &IndexRow, current: bool) -> String {
     };
     let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
     format!(
-        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
+        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
         if current { "current" } else { "stale" },
         escape(&r.stem),
         escape(&r.run),
@@ -288,6 +292,7 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         super::signed_bytes(r.retained_growth_bytes),
         r.bytes_per_iteration.map(super::format::per_iteration_bytes).unwrap_or_default(),
         super::bytes(r.peak_bytes.max(0) as u64),
+        escape(r.baseline.as_deref().unwrap_or("")),
         escape(r.site.as_deref().unwrap_or("")),
         escape(&r.stem),
     )
@@ -350,7 +355,7 @@ fn render(rows: &[IndexRow], run: &str, rows_size: u64) -> String {
          body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}\
          .fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
          <h1>gpu-leak-test reports</h1>\n<p id=\"run\">Latest run: {} tests, written up to <time data-unix=\"{latest}\">{}</time> (UTC): {}.{}</p>\n<table id=\"reports\" data-rendered=\"{}\">\n\
-         <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>site</th><th>plot</th><th>report</th></tr>\n",
+         <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>baseline</th><th>site</th><th>plot</th><th>report</th></tr>\n",
         rows.iter().filter(|r| current(r)).count(),
         utc(latest),
         if counts.is_empty() { "none".to_string() } else { counts.join(", ") },
@@ -397,6 +402,7 @@ mod tests {
             bytes_per_iteration: None,
             peak_bytes: 0,
             site: None,
+            baseline: None,
             plot: None,
             run: run.into(),
             written_at,

@@ -1,7 +1,6 @@
 //! The report of one leak test: what was measured, the verdict, and where
 //! retained memory was allocated. Its `Display` is the panic message.
 pub mod ci;
-mod disk;
 pub mod files;
 mod format;
 pub mod index;
@@ -244,6 +243,14 @@ pub struct Report {
     pub after: Option<MemoryViews>,
     /// Present when the verdict failed on retained memory.
     pub attribution: Option<Attribution>,
+    /// The figures against the test's memory baseline, where it keeps one
+    /// (`baseline = true`).
+    #[serde(default)]
+    pub baseline: Option<crate::baseline::BaselineOutcome>,
+    /// Where a figure rose over its baseline: the allocations alive at the
+    /// peak of each attribution iteration on that device, by site.
+    #[serde(default)]
+    pub peak_sites: Option<Attribution>,
     /// How the body failed during attribution, where it did: the leak
     /// verdict stands, and this says in which phase and iteration.
     #[serde(default)]
@@ -319,9 +326,14 @@ impl Report {
     }
 
     /// The biggest allocation site in the verdict's layer, if attribution
-    /// ran and found survivors there.
+    /// ran and found survivors there; for a peak over its baseline, the
+    /// biggest site alive at the peak.
     pub fn top_site(&self) -> Option<&crate::attribution::Site> {
-        self.attribution.as_ref()?.sites.iter().find(|s| s.layer == self.verdict_layer)
+        let sites = match &self.verdict {
+            Verdict::PeakOverBaseline { .. } => self.peak_sites.as_ref()?,
+            _ => self.attribution.as_ref()?,
+        };
+        sites.sites.iter().find(|s| s.layer == self.verdict_layer)
     }
 
     /// What was judged in `layer`, where it was judged.

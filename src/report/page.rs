@@ -41,7 +41,13 @@ pub fn render(report: &Report) -> String {
     views(report, &mut html);
     failure_marker(report, &mut html);
     let _ = write!(html, "<h2>Timeline</h2>\n<figure id=\"timeline\">{}</figure>\n", svg::timeline(report));
-    stacked_by_site(report, &mut html);
+    if let Some(attribution) = &report.attribution {
+        stacked_by_site(attribution, &RETAINED_CHART, &mut html);
+    }
+    baseline(report, &mut html);
+    if let Some(peak_sites) = &report.peak_sites {
+        stacked_by_site(peak_sites, &PEAK_CHART, &mut html);
+    }
     sites(report, &mut html);
     references(report, &mut html);
     for note in report.hints.iter().chain(&report.notes) {
@@ -112,21 +118,50 @@ fn failure_marker(report: &Report, html: &mut String) {
     }
 }
 
-/// Retained bytes at the end of each attribution iteration, stacked by
-/// site: a site that leaks is a band that widens every iteration.
-fn stacked_by_site(report: &Report, html: &mut String) {
-    let Some(attribution) = &report.attribution else { return };
+/// What one chart of bytes stacked by site shows.
+struct SiteChart {
+    id: &'static str,
+    title: &'static str,
+    /// Says what each band is; `{n}` is the number of iterations.
+    caption: &'static str,
+    /// Whether a site's bytes add up over the iterations (survivors pile
+    /// up) or stand for each iteration alone (what is alive at its peak).
+    cumulative: bool,
+}
+
+/// Retained bytes at the end of each attribution iteration: a site that
+/// leaks is a band that widens every iteration.
+const RETAINED_CHART: SiteChart = SiteChart {
+    id: "by-site",
+    title: "Retained bytes by allocation site",
+    caption: "After each of the {n} attribution iterations, what each site's survivors hold; a site that leaks widens every iteration.",
+    cumulative: true,
+};
+
+/// What each site holds at the peak of each attribution iteration: where a
+/// peak over its baseline is reached.
+const PEAK_CHART: SiteChart = SiteChart {
+    id: "peak-by-site",
+    title: "Bytes alive at the peak, by allocation site",
+    caption: "At the peak of each of the {n} attribution iterations, what each site had allocated in it and still held: where the peak is reached.",
+    cumulative: false,
+};
+
+/// Bytes of each site after each attribution iteration, stacked.
+fn stacked_by_site(attribution: &crate::attribution::Attribution, chart: &SiteChart, html: &mut String) {
     let sites: Vec<_> = attribution.sites.iter().filter(|s| !s.bytes_by_iteration.is_empty()).take(SITE_COLORS.len()).collect();
     if sites.is_empty() {
         return;
     }
     let n = attribution.iterations.max(1) as usize;
-    // Cumulative retained bytes per site after each iteration.
+    // Each site's bytes after each iteration, summed over the iterations
+    // so far where they pile up.
     let cumulative: Vec<Vec<f64>> = sites
         .iter()
         .map(|s| {
             (0..n).scan(0.0, |sum, i| {
-                *sum += s.bytes_by_iteration.get(i).copied().unwrap_or(0) as f64;
+                let bytes = s.bytes_by_iteration.get(i).copied().unwrap_or(0) as f64;
+                *sum = if chart.cumulative { *sum + bytes } else { bytes };
                 Some(*sum)
             })
             .collect()
@@ -138,9 +173,11 @@ fn stacked_by_site(report: &Report, html: &mut String) {
     let y = |v: f64| (height - bottom) - (height - bottom - 20.0) * v / total_max;
     let _ = write!(
         html,
-        "<h2>Retained bytes by allocation site</h2>\n<p>After each of the {n} attribution iterations, what each site's survivors hold; \
-         a site that leaks widens every iteration.</p>\n<svg id=\"by-site\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+        "<h2>{}</h2>\n<p>{}</p>\n<svg id=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
          <text x=\"4\" y=\"14\">{}</text><text x=\"4\" y=\"{:.0}\">0 B</text>\n",
+        chart.title,
+        escape(&chart.caption.replace("{n}", &n.to_string())),
+        chart.id,
         escape(&bytes(total_max as u64)),
         height - bottom
     );
@@ -164,6 +201,44 @@ fn stacked_by_site(report: &Report, html: &mut String) {
         let _ = writeln!(html, "<text x=\"{:.1}\" y=\"{:.0}\" text-anchor=\"middle\">a{}</text>", x(i), height - 10.0, i + 1);
     }
     html.push_str("</svg>\n");
+}
+
+/// Each figure beside its baseline, where the test keeps one.
+fn baseline(report: &Report, html: &mut String) {
+    let Some(outcome) = &report.baseline else { return };
+    let _ = write!(
+        html,
+        "<h2>Memory baseline</h2>\n<p id=\"baseline-status\">{}: <code>{}</code> ({}, libtorch {}, tolerance {}%)</p>\n\
+         <table id=\"baseline\"><tr><th>device</th><th>figure</th><th>baseline</th><th>this run</th><th>change</th></tr>\n",
+        escape(outcome.status.label()),
+        escape(&outcome.file),
+        escape(&outcome.device_kind),
+        escape(&outcome.libtorch),
+        outcome.tolerance_pct
+    );
+    for (device, figures) in &outcome.measured {
+        let recorded = outcome.baseline.as_ref().and_then(|b| b.get(device));
+        let rows = [
+            ("iteration_peak_bytes", figures.iteration_peak_bytes, recorded.map(|r| r.iteration_peak_bytes)),
+            ("after_warmup_bytes", figures.after_warmup_bytes, recorded.map(|r| r.after_warmup_bytes)),
+            ("test_peak_bytes", figures.test_peak_bytes, recorded.map(|r| r.test_peak_bytes)),
+        ];
+        for (figure, now, was) in rows {
+            let over = outcome.over.iter().any(|c| &c.device == device && c.figure == figure);
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td title=\"{}\">{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>",
+                escape(device),
+                escape(crate::baseline::Figures::describe(figure)),
+                escape(&figure.trim_end_matches("_bytes").replace('_', " ")),
+                was.map(|w| escape(&bytes(w.max(0) as u64))).unwrap_or_default(),
+                escape(&bytes(now.max(0) as u64)),
+                if over { "fail" } else { "" },
+                was.map(|w| escape(&signed_bytes(now - w))).unwrap_or_default(),
+            );
+        }
+    }
+    html.push_str("</table>\n");
 }
 
 fn sites(report: &Report, html: &mut String) {

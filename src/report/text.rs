@@ -25,6 +25,8 @@ fn headline(report: &Report) -> String {
         Verdict::Bounded { .. } => "passed: bounded, not a leak".to_string(),
         Verdict::Suppressed { .. } => "passed with a suppressed leak".to_string(),
         Verdict::PeakOverBudget { .. } => "PEAK OVER BUDGET".to_string(),
+        Verdict::PeakOverBaseline { .. } => "PEAK OVER BASELINE".to_string(),
+        Verdict::NoBaseline { .. } => "NO BASELINE".to_string(),
         Verdict::Panicked { .. } => "PANICKED".to_string(),
         Verdict::OutOfMemory { .. } => "OUT OF MEMORY".to_string(),
         Verdict::BodyError { .. } => "ERROR".to_string(),
@@ -94,8 +96,9 @@ pub(crate) fn passing_line(report: &Report) -> String {
         .map(|d| format!("{} {}", d.layer, d.verdict.label()))
         .collect();
     let others = if others.is_empty() { String::new() } else { format!("; also judged: {}", others.join(", ")) };
+    let baseline = report.baseline.as_ref().map(|b| format!("; baseline {} ({})", b.summary(), b.file)).unwrap_or_default();
     format!(
-        "gpu-leak-test: {} {what} on {} over {} measured iterations ({} scope){others}",
+        "gpu-leak-test: {} {what} on {} over {} measured iterations ({} scope){others}{baseline}",
         report.test,
         place(report),
         report.settings.iterations,
@@ -197,6 +200,33 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 bytes(*budget_bytes),
                 bytes((*peak_bytes as u64).saturating_sub(*budget_bytes))
             );
+        }
+        Verdict::PeakOverBaseline { figure, baseline_bytes, measured_bytes, tolerance_pct } => {
+            let change = crate::baseline::FigureChange {
+                device: report.verdict_layer.name(),
+                figure: figure.clone(),
+                baseline_bytes: *baseline_bytes,
+                measured_bytes: *measured_bytes,
+            };
+            let _ = writeln!(
+                out,
+                "  On {}, {} rose to {}, over its baseline of {} by {}{}: more than the {tolerance_pct}% tolerance.",
+                change.device,
+                crate::baseline::Figures::describe(figure),
+                bytes((*measured_bytes).max(0) as u64),
+                bytes((*baseline_bytes).max(0) as u64),
+                bytes(change.difference().max(0) as u64),
+                change.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default(),
+            );
+            let file = report.baseline.as_ref().map_or("the baseline", |b| b.file.as_str());
+            let _ = writeln!(
+                out,
+                "  If the rise is meant, accept it: `{}`, then review and commit {file}.",
+                crate::baseline::update_command(&report.test)
+            );
+        }
+        Verdict::NoBaseline { file, reason } => {
+            let _ = writeln!(out, "  The memory baseline {file} cannot be used: {reason}.");
         }
         Verdict::Panicked { phase, iteration, message }
         | Verdict::OutOfMemory { phase, iteration, message }
@@ -334,6 +364,82 @@ fn attribution_lines(report: &Report, out: &mut String) {
                 }
             }
         }
+    }
+}
+
+/// Each figure beside its baseline, with the change; the figures that
+/// failed marked.
+fn baseline_lines(report: &Report, out: &mut String) {
+    let Some(outcome) = &report.baseline else { return };
+    let _ = writeln!(
+        out,
+        "\n  Memory baseline {} ({}, libtorch {}, tolerance {}%): {}.",
+        outcome.file,
+        outcome.device_kind,
+        outcome.libtorch,
+        outcome.tolerance_pct,
+        outcome.status.label()
+    );
+    let _ = writeln!(out, "    {:<8} {:<22} {:>26} {:>26}  change", "device", "figure", "baseline", "this run");
+    for (device, figures) in &outcome.measured {
+        let recorded = outcome.baseline.as_ref().and_then(|b| b.get(device));
+        let named = [
+            ("iteration peak", "iteration_peak_bytes", figures.iteration_peak_bytes, recorded.map(|r| r.iteration_peak_bytes)),
+            ("after warm-up", "after_warmup_bytes", figures.after_warmup_bytes, recorded.map(|r| r.after_warmup_bytes)),
+            ("test peak", "test_peak_bytes", figures.test_peak_bytes, recorded.map(|r| r.test_peak_bytes)),
+        ];
+        for (name, key, now, was) in named {
+            let over = outcome.over.iter().any(|c| &c.device == device && c.figure == key);
+            let change = match was {
+                Some(was) if was != 0 => format!("{} ({:+.1}%)", signed_bytes(now - was), (now - was) as f64 * 100.0 / was as f64),
+                Some(was) => signed_bytes(now - was),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "    {device:<8} {name:<22} {:>26} {:>26}  {change}{}",
+                was.map(|w| bytes(w.max(0) as u64)).unwrap_or_else(|| "-".into()),
+                bytes(now.max(0) as u64),
+                if over { "  OVER" } else { "" }
+            );
+        }
+    }
+    if outcome.status == crate::baseline::BaselineStatus::Within && !outcome.lower.is_empty() {
+        let _ = writeln!(
+            out,
+            "    Some figures dropped: the baseline can be lowered with `{}`.",
+            crate::baseline::update_command(&report.test)
+        );
+    }
+}
+
+/// Where a peak over its baseline is reached: what was alive at the peak
+/// of each attribution iteration, by site.
+fn peak_site_lines(report: &Report, out: &mut String) {
+    let Some(sites) = &report.peak_sites else { return };
+    let n = sites.iterations;
+    let _ = writeln!(
+        out,
+        "\n  Where the peak is reached: what was alive at the peak of each of {n} more iteration{} run with stack capture \
+         (allocated in that iteration), by the first frame in your code:",
+        if n == 1 { "" } else { "s" }
+    );
+    if sites.sites.is_empty() {
+        let _ = writeln!(out, "    no allocation with a stack was alive at the peak: its source names no sites here");
+        return;
+    }
+    let _ = writeln!(out, "    {:>22}  {:>6}  site", "at the peak", "allocs");
+    for site in sites.sites.iter().take(8) {
+        let _ = writeln!(
+            out,
+            "    {:>22}  {:>6}  {}",
+            bytes(site.bytes_per_iteration.round() as u64),
+            thousands((site.allocations as u64).div_ceil(u64::from(n.max(1)))),
+            site.description
+        );
+    }
+    if sites.sites.len() > 8 {
+        let _ = writeln!(out, "    … and {} smaller sites", sites.sites.len() - 8);
     }
 }
 
@@ -495,6 +601,8 @@ impl fmt::Display for Report {
         verdict_lines(self, &mut out);
         references_lines(self, &mut out);
         attribution_lines(self, &mut out);
+        baseline_lines(self, &mut out);
+        peak_site_lines(self, &mut out);
         views_table(self, &mut out);
         series_line(&self.samples, &mut out);
         if self.setup_bytes != 0 || self.warmup_retained_bytes != 0 {

@@ -1,9 +1,16 @@
-//! Writing one file safely, for the report files and the index alike:
-//! atomically (a reader never sees half a file), appending a line in one
-//! write, and creating a folder with an error that names the real cause.
+//! Writing one file safely, for the report files, the index and the
+//! memory baselines alike: atomically (a reader never sees half a file),
+//! appending a line in one write, and creating a folder with an error that
+//! names the real cause; and the hash that keeps file names apart.
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// FNV-1a: a stable hash (the same in every build and process) for file
+/// names that must not collide once shortened.
+pub(crate) fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf29ce484222325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x100000001b3))
+}
 
 /// Writes `contents` to `path` through a temporary file in the same folder:
 /// the rename means a reader never sees half a file. No fsync: a report can

@@ -1,0 +1,468 @@
+//! Memory baselines, reviewed like snapshots: a test that opts in
+//! (`baseline = true`) keeps its memory figures per judged device in
+//! `memory-baselines/`, one small YAML file per test, device kind and
+//! libtorch version. A run compares its figures with the file; a figure
+//! above it by more than `baseline_tolerance_pct` fails the test.
+//! `GPU_LEAK_TEST_BASELINES=update` rewrites the files of the tests that
+//! ran, and the pull request's diff of the folder is the review.
+//!
+//! This file owns what a baseline is, where it lives and the comparison
+//! rule; the protocol measures the figures, the report shows them.
+use crate::error::InvalidValue;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The variable that says what the runs do with baselines (the option
+/// `baselines`).
+pub(crate) const MODE_VAR: &str = "GPU_LEAK_TEST_BASELINES";
+
+/// The folder in the crate's manifest folder that holds the baselines.
+pub(crate) const FOLDER: &str = "memory-baselines";
+
+/// What runs do with baselines: the suite-wide option `baselines`
+/// (`GPU_LEAK_TEST_BASELINES`, or `defaults: { baselines: ... }` in
+/// `gpu-leak-test.yaml`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BaselineMode {
+    /// Compare where a baseline exists; a test without one passes, its
+    /// baseline pending (the default).
+    #[default]
+    Check,
+    /// Write (or rewrite) the baselines of the tests that run.
+    Update,
+    /// Compare, and fail a test that has no baseline (for CI).
+    Require,
+}
+
+impl std::str::FromStr for BaselineMode {
+    type Err = InvalidValue;
+
+    fn from_str(text: &str) -> std::result::Result<Self, InvalidValue> {
+        match text.trim() {
+            "check" => Ok(BaselineMode::Check),
+            "update" => Ok(BaselineMode::Update),
+            "require" => Ok(BaselineMode::Require),
+            other => Err(InvalidValue::new(format!("{other:?} is not a baseline mode; use check (the default), update or require"))),
+        }
+    }
+}
+
+impl std::fmt::Display for BaselineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BaselineMode::Check => "check",
+            BaselineMode::Update => "update",
+            BaselineMode::Require => "require",
+        })
+    }
+}
+
+/// In `gpu-leak-test.yaml`: the text the variable takes.
+impl<'de> serde::Deserialize<'de> for BaselineMode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+        text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("baselines: {why}")))
+    }
+}
+
+/// One judged device's memory, in exact live bytes above the level before
+/// setup, as its source counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Figures {
+    /// The most one measured iteration rose above the level before it:
+    /// activations, gradients and temporaries.
+    pub iteration_peak_bytes: i64,
+    /// The level after warm-up: the model, the optimizer's state and
+    /// other one-time state.
+    pub after_warmup_bytes: i64,
+    /// The most live at once over setup, warm-up and the measured
+    /// iterations.
+    pub test_peak_bytes: i64,
+}
+
+impl Figures {
+    /// Each figure with its name, in the file's order.
+    fn named(&self) -> [(&'static str, i64); 3] {
+        [
+            ("iteration_peak_bytes", self.iteration_peak_bytes),
+            ("after_warmup_bytes", self.after_warmup_bytes),
+            ("test_peak_bytes", self.test_peak_bytes),
+        ]
+    }
+
+    /// What a figure's name means, for a reader.
+    pub fn describe(figure: &str) -> &'static str {
+        match figure {
+            "iteration_peak_bytes" => "the peak of one iteration above the level before it (activations, temporaries)",
+            "after_warmup_bytes" => "the level after warm-up (model, optimizer and one-time state)",
+            "test_peak_bytes" => "the peak of the whole test",
+            _ => "a figure",
+        }
+    }
+}
+
+/// One figure of one device against its baseline.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct FigureChange {
+    /// The device's layer name (`cpu`, `cuda:0`).
+    pub device: String,
+    /// The figure (`iteration_peak_bytes`, `after_warmup_bytes`,
+    /// `test_peak_bytes`).
+    pub figure: String,
+    /// The baseline's figure.
+    pub baseline_bytes: i64,
+    /// This run's.
+    pub measured_bytes: i64,
+}
+
+impl FigureChange {
+    /// Measured less baseline.
+    pub fn difference(&self) -> i64 {
+        self.measured_bytes - self.baseline_bytes
+    }
+
+    /// The difference in percent of the baseline; `None` for a baseline of 0.
+    pub fn percent(&self) -> Option<f64> {
+        (self.baseline_bytes != 0).then(|| self.difference() as f64 * 100.0 / self.baseline_bytes as f64)
+    }
+}
+
+/// Where a test's figures stand against its baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BaselineStatus {
+    /// Every figure at or under its baseline plus the tolerance.
+    Within,
+    /// A figure above it: the test fails.
+    Over,
+    /// No baseline yet; the test passes, and the index shows it pending.
+    Pending,
+    /// No baseline, and `GPU_LEAK_TEST_BASELINES=require`: the test fails.
+    Missing,
+    /// `GPU_LEAK_TEST_BASELINES=update` wrote this run's figures.
+    Written,
+}
+
+impl BaselineStatus {
+    /// Its name in the index and the JSON (`pending`).
+    pub fn label(self) -> &'static str {
+        match self {
+            BaselineStatus::Within => "within",
+            BaselineStatus::Over => "over",
+            BaselineStatus::Pending => "pending",
+            BaselineStatus::Missing => "missing",
+            BaselineStatus::Written => "written",
+        }
+    }
+}
+
+/// A test's memory figures against its reviewed baseline: what the report,
+/// the page and the index show beside the run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct BaselineOutcome {
+    /// The baseline file, relative to the crate's folder.
+    pub file: String,
+    /// The device model and compute capability, or `cpu`.
+    pub device_kind: String,
+    /// The libtorch version the figures were measured with.
+    pub libtorch: String,
+    /// Where the figures stand against it.
+    pub status: BaselineStatus,
+    /// How far a figure may rise above its baseline, in percent.
+    pub tolerance_pct: f64,
+    /// This run's figures, by device (`cpu`, `cuda:0`).
+    pub measured: BTreeMap<String, Figures>,
+    /// The baseline's figures, where one was read.
+    pub baseline: Option<BTreeMap<String, Figures>>,
+    /// Figures above their baseline by more than the tolerance, the
+    /// biggest rise first.
+    pub over: Vec<FigureChange>,
+    /// Figures below their baseline: it can be lowered.
+    pub lower: Vec<FigureChange>,
+}
+
+impl BaselineOutcome {
+    pub(crate) fn new(file: String, kind: &DeviceKind, tolerance_pct: f64, measured: BTreeMap<String, Figures>) -> Self {
+        BaselineOutcome {
+            file,
+            device_kind: kind.device.clone(),
+            libtorch: kind.libtorch.clone(),
+            status: BaselineStatus::Pending,
+            tolerance_pct,
+            measured,
+            baseline: None,
+            over: Vec::new(),
+            lower: Vec::new(),
+        }
+    }
+
+    /// One line for the index: the status, and the biggest change.
+    pub fn summary(&self) -> String {
+        let change = |c: &FigureChange| {
+            let percent = c.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default();
+            format!("{} {} {:+} B{percent}", c.device, c.figure.trim_end_matches("_bytes").replace('_', " "), c.difference())
+        };
+        match (self.status, self.over.first(), self.lower.first()) {
+            (BaselineStatus::Over, Some(c), _) => format!("over: {}", change(c)),
+            (BaselineStatus::Within, _, Some(c)) => format!("within; can be lowered: {}", change(c)),
+            (status, _, _) => status.label().to_string(),
+        }
+    }
+}
+
+/// Every figure above its baseline by more than `tolerance_pct` percent
+/// (`over`), and every figure below it (`lower`: the baseline can be
+/// lowered). A device the baseline lacks is compared with zeros, so memory
+/// on a device the test did not use before is growth; a device the run
+/// lacks is not compared.
+pub(crate) fn compare(
+    measured: &BTreeMap<String, Figures>,
+    baseline: &BTreeMap<String, Figures>,
+    tolerance_pct: f64,
+) -> (Vec<FigureChange>, Vec<FigureChange>) {
+    let (mut over, mut lower) = (Vec::new(), Vec::new());
+    for (device, figures) in measured {
+        let base = baseline.get(device).copied().unwrap_or_default();
+        for ((figure, now), (_, was)) in figures.named().into_iter().zip(base.named()) {
+            let change =
+                FigureChange { device: device.clone(), figure: figure.to_string(), baseline_bytes: was, measured_bytes: now };
+            if now as f64 > was.max(0) as f64 * (1.0 + tolerance_pct / 100.0) {
+                over.push(change);
+            } else if now < was {
+                lower.push(change);
+            }
+        }
+    }
+    // The biggest rise first: it becomes the verdict.
+    over.sort_by_key(|c| std::cmp::Reverse(c.difference()));
+    (over, lower)
+}
+
+/// What a machine's memory figures depend on besides the test: the device
+/// model and compute capability (`cpu` on the host), and libtorch's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeviceKind {
+    /// `cpu`, or `NVIDIA H200 (sm_90)`.
+    pub(crate) device: String,
+    /// `2.11.0`.
+    pub(crate) libtorch: String,
+}
+
+impl DeviceKind {
+    /// The kind of `device` on this machine; an error says why the CUDA
+    /// driver cannot name it.
+    pub(crate) fn of(device: tch::Device) -> std::result::Result<DeviceKind, String> {
+        let name = match device {
+            tch::Device::Cuda(index) => {
+                let (model, major, minor) = crate::probe::cuda::device_kind(index)?;
+                format!("{model} (sm_{major}{minor})")
+            }
+            _ => "cpu".to_string(),
+        };
+        Ok(DeviceKind { device: name, libtorch: crate::probe::cuda::libtorch_version() })
+    }
+
+    /// The part of a file name that names it: `cpu.torch-2.11.0`,
+    /// `nvidia-h200-sm90.torch-2.11.0`.
+    fn file_part(&self) -> String {
+        format!("{}.torch-{}", slug(&self.device), self.libtorch)
+    }
+}
+
+/// Lower-case letters and digits, other runs of characters as one `-`
+/// (`_` dropped: `sm_90` reads `sm90`).
+fn slug(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars().filter(|&c| c != '_') {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.ends_with('-') && !out.is_empty() {
+            out.push('-');
+        }
+    }
+    out.trim_end_matches('-').to_string()
+}
+
+/// The longest a test's part of a file name gets; longer names end in a
+/// hash of the whole name, so two never share a file.
+const TEST_NAME_CHARS: usize = 120;
+
+/// The baseline file of `test` on `kind`, relative to the crate's folder:
+/// `memory-baselines/article.loss_list.cpu.torch-2.11.0.yaml`.
+pub(crate) fn relative_path(test: &str, kind: &DeviceKind) -> PathBuf {
+    let readable: String = test
+        .replace("::", ".")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    let readable = if readable.chars().count() > TEST_NAME_CHARS {
+        let head: String = readable.chars().take(TEST_NAME_CHARS).collect();
+        format!("{head}-{:08x}", crate::disk::fnv1a(test) as u32)
+    } else {
+        readable
+    };
+    Path::new(FOLDER).join(format!("{readable}.{}.yaml", kind.file_part()))
+}
+
+/// A baseline file as it is written: who, on what, and each device's
+/// figures. Field order is the file's.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    test: String,
+    device_kind: String,
+    libtorch: String,
+    devices: BTreeMap<String, Figures>,
+}
+
+/// What the file says at its top, for whoever opens it in a diff.
+const HEADER: &str = "# gpu-leak-test memory baseline: exact live bytes above the level before setup.\n\
+                      # Review it like a snapshot; rewrite it with GPU_LEAK_TEST_BASELINES=update.\n";
+
+/// The file's text: the same figures always give the same bytes.
+fn render(test: &str, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> String {
+    let file = File {
+        test: test.to_string(),
+        device_kind: kind.device.clone(),
+        libtorch: kind.libtorch.clone(),
+        devices: figures.clone(),
+    };
+    let yaml = serde_yaml::to_string(&file).expect("a baseline of strings and integers serializes");
+    format!("{HEADER}{yaml}")
+}
+
+/// Writes the baseline of `test` at `path` atomically: a concurrent
+/// reader sees the old file or the new one, and every test writes its own.
+pub(crate) fn write(path: &Path, test: &str, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> std::result::Result<(), String> {
+    if let Some(folder) = path.parent() {
+        crate::disk::create_folder(folder)?;
+    }
+    crate::disk::write_atomically(path, render(test, kind, figures).as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The figures in the baseline at `path`: `Ok(None)` where there is none,
+/// an error naming the file, the line and what to do where it cannot be
+/// used.
+pub(crate) fn read(path: &Path) -> std::result::Result<Option<BTreeMap<String, Figures>>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let file: File = serde_yaml::from_str(&text).map_err(|e| {
+        let line = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
+        format!(
+            "{}{line}: {e}; fix the file, or delete it and write it again with {MODE_VAR}=update",
+            path.display()
+        )
+    })?;
+    Ok(Some(file.devices))
+}
+
+/// The one command that writes a missing or outdated baseline.
+pub(crate) fn update_command(test: &str) -> String {
+    format!("{MODE_VAR}=update cargo test -- {test}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(iteration_peak_bytes: i64, after_warmup_bytes: i64, test_peak_bytes: i64) -> Figures {
+        Figures { iteration_peak_bytes, after_warmup_bytes, test_peak_bytes }
+    }
+
+    fn one(device: &str, f: Figures) -> BTreeMap<String, Figures> {
+        BTreeMap::from([(device.to_string(), f)])
+    }
+
+    #[test]
+    fn a_figure_above_the_tolerance_fails_and_one_at_it_passes() {
+        let baseline = one("cpu", figures(1000, 500, 1500));
+        let (over, lower) = compare(&one("cpu", figures(1050, 500, 1500)), &baseline, 5.0);
+        assert!(over.is_empty() && lower.is_empty(), "{over:?}");
+        let (over, _) = compare(&one("cpu", figures(1051, 500, 1500)), &baseline, 5.0);
+        assert_eq!(over.len(), 1);
+        assert_eq!((over[0].figure.as_str(), over[0].baseline_bytes, over[0].measured_bytes), ("iteration_peak_bytes", 1000, 1051));
+        assert_eq!(over[0].difference(), 51);
+    }
+
+    #[test]
+    fn a_tolerance_of_zero_fails_any_rise_by_one_byte() {
+        let baseline = one("cuda:0", figures(1000, 500, 1500));
+        assert!(compare(&one("cuda:0", figures(1000, 500, 1500)), &baseline, 0.0).0.is_empty());
+        assert_eq!(compare(&one("cuda:0", figures(1000, 501, 1500)), &baseline, 0.0).0[0].figure, "after_warmup_bytes");
+    }
+
+    #[test]
+    fn a_figure_that_dropped_passes_and_says_the_baseline_can_be_lowered() {
+        let (over, lower) = compare(&one("cpu", figures(900, 500, 1400)), &one("cpu", figures(1000, 500, 1500)), 5.0);
+        assert!(over.is_empty());
+        let names: Vec<&str> = lower.iter().map(|c| c.figure.as_str()).collect();
+        assert_eq!(names, ["iteration_peak_bytes", "test_peak_bytes"]);
+        assert_eq!(lower[0].percent(), Some(-10.0));
+    }
+
+    #[test]
+    fn memory_on_a_device_the_baseline_lacks_is_growth_from_zero() {
+        let measured = BTreeMap::from([("cpu".to_string(), figures(1, 0, 1)), ("cuda:0".to_string(), figures(10, 0, 10))]);
+        let (over, _) = compare(&measured, &one("cuda:0", figures(10, 0, 10)), 5.0);
+        assert_eq!(over.iter().map(|c| (c.device.as_str(), c.figure.as_str())).collect::<Vec<_>>(), [
+            ("cpu", "iteration_peak_bytes"),
+            ("cpu", "test_peak_bytes")
+        ]);
+    }
+
+    #[test]
+    fn the_biggest_rise_comes_first() {
+        let (over, _) = compare(&one("cpu", figures(1200, 900, 2100)), &one("cpu", figures(1000, 500, 1500)), 5.0);
+        assert_eq!(over.iter().map(|c| c.figure.as_str()).collect::<Vec<_>>(), ["test_peak_bytes", "after_warmup_bytes", "iteration_peak_bytes"]);
+    }
+
+    #[test]
+    fn a_file_is_named_by_test_device_kind_and_libtorch_and_says_how_to_rewrite_it() {
+        let kind = DeviceKind { device: "NVIDIA H200 (sm_90)".into(), libtorch: "2.11.0".into() };
+        let path = relative_path("article::loss_list::cuda", &kind);
+        assert_eq!(path, Path::new("memory-baselines/article.loss_list.cuda.nvidia-h200-sm90.torch-2.11.0.yaml"));
+        let cpu = DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() };
+        assert_eq!(relative_path("weird name<1>", &cpu), Path::new("memory-baselines/weird_name_1_.cpu.torch-2.11.0.yaml"));
+        let long = "x".repeat(300);
+        let name = relative_path(&long, &cpu).display().to_string();
+        assert!(name.len() < 200 && name.contains("-"), "{name}");
+        let text = render("t", &kind, &one("cuda:0", figures(1, 2, 3)));
+        assert!(text.starts_with("# gpu-leak-test memory baseline") && text.contains("GPU_LEAK_TEST_BASELINES=update"), "{text}");
+    }
+
+    #[test]
+    fn a_written_file_reads_back_and_the_same_figures_write_the_same_bytes() {
+        let dir = std::env::temp_dir().join(format!("glt-baseline-{}", std::process::id()));
+        let path = dir.join(FOLDER).join("t.cpu.torch-2.11.0.yaml");
+        let kind = DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() };
+        let devices = BTreeMap::from([("cpu".to_string(), figures(4096, 1024, 5120)), ("cuda:0".to_string(), figures(7, 8, 9))]);
+        assert_eq!(read(&path), Ok(None));
+        write(&path, "t", &kind, &devices).unwrap();
+        let first = std::fs::read(&path).unwrap();
+        assert_eq!(read(&path), Ok(Some(devices.clone())));
+        write(&path, "t", &kind, &devices).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), first);
+        std::fs::write(&path, "test: t\ndevices: {cpu: {iteration_peak_bytes: lots}}\n").unwrap();
+        let err = read(&path).unwrap_err();
+        assert!(err.contains("t.cpu.torch-2.11.0.yaml:") && err.contains("GPU_LEAK_TEST_BASELINES=update"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_mode_parses_from_its_name_and_a_bad_one_says_what_is_valid() {
+        assert_eq!(" require ".parse(), Ok(BaselineMode::Require));
+        assert_eq!("update".parse::<BaselineMode>().map(|m| m.to_string()), Ok("update".to_string()));
+        let err = "rewrite".parse::<BaselineMode>().unwrap_err();
+        assert!(err.contains("\"rewrite\"") && err.contains("update"), "{err}");
+    }
+}
