@@ -204,12 +204,14 @@ struct Run<'a> {
     peak_bytes: i64,
     verdicts: Vec<Verdict>,
     attribution: Option<Attribution>,
-    /// Per sample, each followed layer's peak during the iteration before
-    /// it, above the level before that iteration (0 for host objects,
-    /// whose count keeps no peak).
+    /// Per sample, each followed layer's repeatable peak during the
+    /// iteration before it (see `sources::repeatable_peak`), above the
+    /// level before that iteration (0 for host objects, whose count keeps
+    /// no peak): what memory baselines keep.
     iteration_peaks: Vec<Vec<i64>>,
     /// Each followed layer's highest live bytes above `start` over setup,
-    /// warm-up, measured and confirmation iterations.
+    /// warm-up, measured and confirmation iterations: what `peak_mb`
+    /// bounds.
     test_peaks: Vec<i64>,
     /// The figures against the test's baseline, where it keeps one.
     baseline: Option<BaselineOutcome>,
@@ -360,8 +362,9 @@ impl<'a> Run<'a> {
                 continue;
             }
             let peak = sources::peak(source, layer, &self.tracker).max(levels[d]);
+            let repeatable = sources::repeatable_peak(source, layer, &self.tracker).max(levels[d]);
             sources::reset_peak(source, layer, &self.tracker);
-            rises[d] = peak - before[d];
+            rises[d] = repeatable - before[d];
             if phase != Phase::Attribution {
                 self.test_peaks[d] = self.test_peaks[d].max(peak - self.start[d]);
             }
@@ -478,6 +481,12 @@ impl<'a> Run<'a> {
         I: FnMut() -> std::result::Result<(), String>,
     {
         let device = self.device;
+        // The peaks start with the test: the sources' canaries came before.
+        for (&layer, &source) in self.layers.iter().zip(&self.sources) {
+            if let Layer::Tensors(_) = layer {
+                sources::reset_peak(source, layer, &self.tracker);
+            }
+        }
         let mut iteration = self.call(Phase::Setup, 0, || setup(device))?;
         self.sample(Phase::Setup, 0);
         self.run_window(&mut iteration)?;
@@ -499,18 +508,26 @@ impl<'a> Run<'a> {
         self.test.crate_root()
     }
 
-    /// Each judged tensor layer's figures for its baseline, by layer name.
-    /// libtorch's host objects have none: their count keeps no peak.
+    /// Each judged tensor layer's figures for its baseline, by layer name,
+    /// from repeatable peaks (see `sources::repeatable_peak`). libtorch's
+    /// host objects have none: their count keeps no peak.
     fn baseline_figures(&self) -> std::collections::BTreeMap<String, Figures> {
-        let measured: Vec<usize> = (0..self.samples.len()).filter(|&i| self.samples[i].phase == Phase::Measure).collect();
+        let phase = |i: usize| self.samples[i].phase;
+        let measured: Vec<usize> = (0..self.samples.len()).filter(|&i| phase(i) == Phase::Measure).collect();
+        let before = |i: usize, d: usize| if i == 0 { self.start[d] } else { self.levels[i - 1][d] };
         self.judged()
             .into_iter()
             .filter(|&d| matches!(self.layers[d], Layer::Tensors(_)))
             .map(|d| {
+                let test_peak = (0..self.samples.len())
+                    .filter(|&i| phase(i) != Phase::Attribution)
+                    .map(|i| before(i, d) + self.iteration_peaks[i][d] - self.start[d])
+                    .max()
+                    .unwrap_or(0);
                 let figures = Figures {
                     iteration_peak_bytes: measured.iter().map(|&i| self.iteration_peaks[i][d]).max().unwrap_or(0),
                     after_warmup_bytes: self.series(d).baseline() - self.start[d],
-                    test_peak_bytes: self.test_peaks[d],
+                    test_peak_bytes: test_peak.max(0),
                 };
                 (self.layers[d].name(), figures)
             })

@@ -140,13 +140,14 @@ on_each_device!(
     a_training_step_writes_the_same_bytes_twice_with_a_tolerance_of_zero,
 );
 
+// The attribute's keys are the table's: a typo is a compile error
+// (tests/ui), and these compile. Without a baseline, and not told to
+// require one, it passes with its baseline pending and writes nothing.
+#[gpu_leak_test::gpu_leak_test(device = "cpu", baseline = true, baseline_tolerance_pct = 0)]
+fn the_attribute_opts_in() {}
+
 #[test]
-fn the_attribute_and_the_config_file_opt_in_through_the_one_option_table() {
-    // The attribute's keys are the table's: a typo is a compile error
-    // (tests/ui), and these compile.
-    #[gpu_leak_test::gpu_leak_test(device = "cpu", baseline = true, baseline_tolerance_pct = 0)]
-    fn opted_in() {}
-    let _ = opted_in;
+fn the_options_struct_and_the_environment_opt_in_through_the_one_option_table() {
     let mut options = Options { baseline: Some(true), baseline_tolerance_pct: Some(0.0), ..Default::default() };
     options.baselines = Some(BaselineMode::Require);
     assert_eq!(options.keys(), ["baseline", "baseline_tolerance_pct", "baselines"]);

@@ -172,6 +172,25 @@ pub(crate) fn peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
     }
 }
 
+/// The highest live bytes in `layer` since the last [`reset_peak`], as far
+/// as that repeats from one run of the same code to the next: beside
+/// pinned host memory, the CPU tensors' own peak plus what the pinned
+/// cache holds now, not its peak. When the pinned cache can reuse a block
+/// depends on when the GPU's events complete, so its peak moves between
+/// identical runs: on an H200 a trainer's step that checkpoints to the CPU
+/// read 8 B in one run and 1.8 MiB in the next. Memory baselines read this.
+pub(crate) fn repeatable_peak(source: Source, layer: Layer, tracker: &Tracker) -> i64 {
+    match (source, layer) {
+        (Source::CpuAndPinnedAllocators, _) => {
+            tracker.layer_view(layer).peak_bytes + cuda::pinned_held_bytes().map_or(0, |s| s.current as i64)
+        }
+        (Source::Hook, Layer::Tensors(Device::Cpu)) => {
+            tracker.layer_view(layer).peak_bytes + tracker.pinned_view().live_bytes
+        }
+        _ => peak(source, layer, tracker),
+    }
+}
+
 /// Starts a new peak window in `layer`. For the allocator's statistics this
 /// resets libtorch's own peak (`torch.cuda.reset_peak_memory_stats`), which
 /// a process-scope test has to itself.

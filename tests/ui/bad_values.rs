@@ -12,6 +12,9 @@ fn zero_peak() {}
 #[gpu_leak_test(scope = "global")]
 fn unknown_scope() {}
 
+#[gpu_leak_test(baseline_tolerance_pct = -5)]
+fn negative_tolerance() {}
+
 #[gpu_leak_test]
 fn returns_a_number() -> u32 {
     1

@@ -7,3 +7,6 @@ fn main() {}
 
 #[gpu_leak_test(plots = "all")]
 fn a_suite_setting() {}
+
+#[gpu_leak_test(baselines = "update")]
+fn the_baseline_mode_is_the_suites() {}

@@ -15,4 +15,10 @@ fn unknown_device() {}
 #[gpu_leak_test(iterations = 0)]
 fn zero_iterations() {}
 
+#[gpu_leak_test(baseline = 1)]
+fn baseline_not_a_bool() {}
+
+#[gpu_leak_test(baseline_tolerance_pct = "5%")]
+fn tolerance_as_string() {}
+
 fn main() {}
