@@ -1,5 +1,5 @@
 #![doc = include_str!("../README.md")]
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs, unreachable_pub, unnameable_types)]
 // The README shows the `#[test]` a leak test expands into.
 #![allow(clippy::test_attr_in_doctest)]
 // The public API is the handful of names re-exported below. Everything else
@@ -24,7 +24,7 @@ mod verdict;
 pub use attribution::{Attribution, Site};
 pub use baseline::{BaselineMode, BaselineOutcome, BaselineStatus, FigureChange, Figures};
 pub use probe::Frame;
-pub use config::{Options, Plots, Suppression, CONFIG_FILE_NAME};
+pub use config::{Options, Plots, Settings, Suppression, CONFIG_FILE_NAME};
 pub use error::{Error, InvalidValue, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};

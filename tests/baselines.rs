@@ -57,6 +57,7 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
     assert!(*measured_bytes as f64 >= *baseline_bytes as f64 * 1.09, "{grown}");
     assert_eq!(*tolerance_pct, 5.0);
     let text = grown.to_string();
+    println!("{text}");
     let shown = |bytes: i64| gpu_leak_test::report::bytes(bytes as u64);
     assert!(text.contains("PEAK OVER BASELINE") && text.contains(&shown(*baseline_bytes)) && text.contains(&shown(*measured_bytes)), "{text}");
     assert!(text.contains("GPU_LEAK_TEST_BASELINES=update cargo test -- baselines::tenth_more"), "{text}");

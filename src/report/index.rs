@@ -458,4 +458,18 @@ mod tests {
         let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
         assert!(page.contains(PAGE_MARK) && !page.contains("older-format-row") && page.contains("1 tests"), "{page}");
     }
+
+    #[test]
+    fn a_merge_keeps_each_row_s_baseline_change() {
+        let (a, b, out) = (scratch("merge_baseline_a"), scratch("merge_baseline_b"), scratch("merge_baseline_out"));
+        let over = IndexRow { baseline: Some("over: cuda:0 iteration peak +40000 B (+10.0%)".into()), ..row("x", "1", 1) };
+        add_row(&a, over).unwrap();
+        add_row(&b, IndexRow { baseline: Some("pending".into()), ..row("y", "2", 2) }).unwrap();
+        merge_into(&out, &[a, b]).unwrap();
+        let merged = read_rows(&out.join("index.rows")).unwrap();
+        let baselines: Vec<Option<&str>> = merged.iter().map(|r| r.baseline.as_deref()).collect();
+        assert_eq!(baselines, [Some("over: cuda:0 iteration peak +40000 B (+10.0%)"), Some("pending")]);
+        let page = std::fs::read_to_string(out.join("index.html")).unwrap();
+        assert!(page.contains("<td>over: cuda:0 iteration peak +40000 B (+10.0%)</td>"), "{page}");
+    }
 }
