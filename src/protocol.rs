@@ -633,7 +633,7 @@ impl<'a> Run<'a> {
                 break;
             }
             self.sample(Phase::Attribution, i);
-            alive_at_peaks.extend(self.tracker.take_alive_at_peak().0);
+            alive_at_peaks.extend(self.tracker.take_alive_at_peak());
         }
         self.tracker.stop_watching_peak();
         self.tracker.stop_recording();

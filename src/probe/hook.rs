@@ -256,9 +256,8 @@ struct PeakWatch {
     slot: usize,
     /// Events counted in the slot since the watch began.
     events: u64,
-    /// The event count and live bytes when the current window began.
+    /// The event count when the current window began.
     window_start: u64,
-    start_level: i64,
     highest: i64,
     highest_at: u64,
     /// Recorded blocks freed during the watch: when each was allocated and
@@ -629,18 +628,17 @@ impl Tracker {
         };
         let mut counts = lock(&self.state.counts);
         let live = counts.slots[slot].live;
-        counts.peak_watch =
-            Some(PeakWatch { slot, events: 0, window_start: 0, start_level: live, highest: live, highest_at: 0, freed: Vec::new() });
+        counts.peak_watch = Some(PeakWatch { slot, events: 0, window_start: 0, highest: live, highest_at: 0, freed: Vec::new() });
     }
 
     /// The recorded allocations of the current window alive together when
-    /// the watched layer was at its highest in it, and how far that was
-    /// above the level the window began at; a new window begins. A window
-    /// is one iteration where this is called after each. Blocks allocated
-    /// before the window are the level it began at, and are left out.
-    pub(crate) fn take_alive_at_peak(&self) -> (Vec<LiveAllocation>, i64) {
+    /// the watched layer was at its highest in it; a new window begins. A
+    /// window is one iteration where this is called after each. Blocks
+    /// allocated before the window are the level it began at, and are left
+    /// out.
+    pub(crate) fn take_alive_at_peak(&self) -> Vec<LiveAllocation> {
         let mut counts = lock(&self.state.counts);
-        let Some(mut watch) = counts.peak_watch.take() else { return (Vec::new(), 0) };
+        let Some(mut watch) = counts.peak_watch.take() else { return Vec::new() };
         let (start, at) = (watch.window_start, watch.highest_at);
         let in_window = |allocated: u64| allocated > start && allocated <= at;
         let mut alive: Vec<LiveAllocation> = std::mem::take(&mut watch.freed)
@@ -655,11 +653,10 @@ impl Tracker {
                 .filter(|b| b.slot == watch.slot && in_window(b.watched_at))
                 .filter_map(|b| b.recorded.as_deref().cloned()),
         );
-        let rise = watch.highest - watch.start_level;
         let live = counts.slots[watch.slot].live;
-        (watch.window_start, watch.start_level, watch.highest, watch.highest_at) = (watch.events, live, live, watch.events);
+        (watch.window_start, watch.highest, watch.highest_at) = (watch.events, live, watch.events);
         counts.peak_watch = Some(watch);
-        (alive, rise)
+        alive
     }
 
     /// Stops the peak watch.
@@ -799,6 +796,38 @@ mod tests {
         assert_eq!(layer_of_slot(pinned), Layer::Tensors(Device::Cpu));
         assert_ne!(pinned, 0);
         assert!((0..SLOTS).all(|slot| slot_of_layer(layer_of_slot(slot)) == slot || frees_broadcast(slot)));
+    }
+
+    #[test]
+    fn a_peak_watch_names_what_was_alive_together_at_each_window_s_highest_point() {
+        let tracker = Tracker::new();
+        let state = &tracker.state;
+        let (cpu, none) = (DEVICE_TYPE_CPU, -1);
+        let bytes_of = |alive: Vec<LiveAllocation>| {
+            let mut bytes: Vec<u64> = alive.iter().map(|a| a.bytes).collect();
+            bytes.sort_unstable();
+            bytes
+        };
+        state.on_event(0x1000, 4096, cpu, none); // before the watch: the level
+        tracker.start_recording(1);
+        tracker.watch_peak(Layer::Tensors(Device::Cpu), false);
+        // One window: 100 and 200 alive together, then both freed, then 50.
+        state.on_event(0x2000, 100, cpu, none);
+        state.on_event(0x3000, 200, cpu, none);
+        state.on_event(0x2000, -100, cpu, none);
+        state.on_event(0x3000, -200, cpu, none);
+        state.on_event(0x4000, 50, cpu, none);
+        assert_eq!(bytes_of(tracker.take_alive_at_peak()), [100, 200]);
+        // The next window: 50 is its level; 30, freed, then 70 is the peak.
+        state.on_event(0x5000, 30, cpu, none);
+        state.on_event(0x5000, -30, cpu, none);
+        state.on_event(0x6000, 70, cpu, none);
+        assert_eq!(bytes_of(tracker.take_alive_at_peak()), [70]);
+        // A window that never rose above its level names nothing.
+        state.on_event(0x6000, -70, cpu, none);
+        assert_eq!(bytes_of(tracker.take_alive_at_peak()), Vec::<u64>::new());
+        tracker.stop_watching_peak();
+        tracker.stop_recording();
     }
 
     #[test]
