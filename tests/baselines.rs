@@ -66,6 +66,12 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
     assert!(site.ends_with(&line.location("tests/baselines.rs")), "{site}\n{text}");
     assert!(grown.hints.iter().any(|h| h.contains(&site)), "{:?}", grown.hints);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "a check never writes");
+    // The page shows the baseline beside the run, and the bytes alive at
+    // each peak stacked by site.
+    let files = gpu_leak_test::report::files::write_report(&grown, &root.join("reports"), gpu_leak_test::Plots::All).unwrap();
+    let page = std::fs::read_to_string(&files.page).unwrap();
+    assert!(page.contains("<table id=\"baseline\">") && page.contains("<td class=\"fail\">"), "{page}");
+    assert!(page.contains("id=\"peak-by-site\"") && page.contains(&format!("data-site=\"{site}\"")), "{page}");
 
     // Accepted: the file is rewritten, and the next run passes.
     let accepted = step(harness(name, device, &root, BaselineMode::Update, 5.0), 110_000, &line);
