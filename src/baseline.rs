@@ -10,13 +10,14 @@
 //! rule; the protocol measures the figures, the report shows them.
 use crate::error::InvalidValue;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The variable that says what the runs do with baselines (the option
 /// `baselines`).
 pub(crate) const MODE_VAR: &str = "GPU_LEAK_TEST_BASELINES";
 
-/// The folder in the crate's manifest folder that holds the baselines.
+/// The folder in the crate's manifest folder that holds the baselines,
+/// unless the option `baseline_dir` names another.
 pub(crate) const FOLDER: &str = "memory-baselines";
 
 /// What runs do with baselines: the suite-wide option `baselines`
@@ -293,9 +294,9 @@ fn slug(text: &str) -> String {
 /// hash of the whole name, so two never share a file.
 const TEST_NAME_CHARS: usize = 120;
 
-/// The baseline file of `test` on `kind`, relative to the crate's folder:
-/// `memory-baselines/article.loss_list.cpu.torch-2.11.0.yaml`.
-pub(crate) fn relative_path(test: &str, kind: &DeviceKind) -> PathBuf {
+/// The baseline file's name for `test` on `kind`:
+/// `article.loss_list.cpu.torch-2.11.0.yaml`.
+pub(crate) fn file_name(test: &str, kind: &DeviceKind) -> String {
     let readable: String = test
         .replace("::", ".")
         .chars()
@@ -307,7 +308,7 @@ pub(crate) fn relative_path(test: &str, kind: &DeviceKind) -> PathBuf {
     } else {
         readable
     };
-    Path::new(FOLDER).join(format!("{readable}.{}.yaml", kind.file_part()))
+    format!("{readable}.{}.yaml", kind.file_part())
 }
 
 /// A baseline file as it is written: who, on what, and each device's
@@ -429,12 +430,12 @@ mod tests {
     #[test]
     fn a_file_is_named_by_test_device_kind_and_libtorch_and_says_how_to_rewrite_it() {
         let kind = DeviceKind { device: "NVIDIA H200 (sm_90)".into(), libtorch: "2.11.0".into() };
-        let path = relative_path("article::loss_list::cuda", &kind);
-        assert_eq!(path, Path::new("memory-baselines/article.loss_list.cuda.nvidia-h200-sm90.torch-2.11.0.yaml"));
+        let name = file_name("article::loss_list::cuda", &kind);
+        assert_eq!(name, "article.loss_list.cuda.nvidia-h200-sm90.torch-2.11.0.yaml");
         let cpu = DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() };
-        assert_eq!(relative_path("weird name<1>", &cpu), Path::new("memory-baselines/weird_name_1_.cpu.torch-2.11.0.yaml"));
+        assert_eq!(file_name("weird name<1>", &cpu), "weird_name_1_.cpu.torch-2.11.0.yaml");
         let long = "x".repeat(300);
-        let name = relative_path(&long, &cpu).display().to_string();
+        let name = file_name(&long, &cpu);
         assert!(name.len() < 200 && name.contains("-"), "{name}");
         let text = render("t", &kind, &one("cuda:0", figures(1, 2, 3)));
         assert!(text.starts_with("# gpu-leak-test memory baseline") && text.contains("GPU_LEAK_TEST_BASELINES=update"), "{text}");

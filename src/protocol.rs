@@ -502,10 +502,14 @@ impl<'a> Run<'a> {
     }
 
     /// The crate's folder, where the annotated files and the baselines are:
-    /// the build's where it exists here, else the checkout the test runs
-    /// from (nextest remaps CARGO_MANIFEST_DIR for an archive).
+    /// the checkout the test runs from (nextest remaps CARGO_MANIFEST_DIR
+    /// for an archive, and the build's folder may still exist beside it),
+    /// else the build's.
     fn crate_folder(&self) -> Option<std::path::PathBuf> {
-        self.test.crate_root()
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .filter(|root| root.is_dir())
+            .or_else(|| self.test.crate_root())
     }
 
     /// Each judged tensor layer's figures for its baseline, by layer name,
@@ -552,13 +556,18 @@ impl<'a> Run<'a> {
                 return;
             }
         };
-        let relative = baseline::relative_path(&self.test.name, &kind);
-        let file = relative.display().to_string();
-        let Some(folder) = self.crate_folder() else {
-            self.fail_baseline(body, file, "the crate's folder is unknown here (no CARGO_MANIFEST_DIR)".into());
+        let name = baseline::file_name(&self.test.name, &kind);
+        let crate_folder = self.crate_folder();
+        let Some(folder) = settings.baseline_dir.clone().or_else(|| crate_folder.as_ref().map(|c| c.join(baseline::FOLDER))) else {
+            let reason = "the crate's folder is unknown here (no CARGO_MANIFEST_DIR); set baseline_dir".into();
+            self.fail_baseline(body, format!("{}/{name}", baseline::FOLDER), reason);
             return;
         };
-        let path = folder.join(&relative);
+        let path = folder.join(&name);
+        // Shown relative to the crate, as the pull request's diff shows it.
+        let file = crate_folder
+            .and_then(|c| path.strip_prefix(c).ok().map(|p| p.display().to_string()))
+            .unwrap_or_else(|| path.display().to_string());
         let measured = self.baseline_figures();
         let mut outcome = BaselineOutcome::new(file.clone(), &kind, settings.baseline_tolerance_pct, measured.clone());
         match settings.baselines {

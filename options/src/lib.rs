@@ -76,6 +76,9 @@ macro_rules! for_each_option {
             /// How far, in percent, a figure may rise above its baseline and
             /// still pass (default 5; 0 allowed).
             baseline_tolerance_pct: f64, env "GPU_LEAK_TEST_BASELINE_TOLERANCE_PCT", rule baseline_tolerance_pct, attribute percent(baseline_tolerance_pct);
+            /// Where baselines live (default `memory-baselines` in the crate's
+            /// folder); in the config file, relative to its folder.
+            baseline_dir: String, env "GPU_LEAK_TEST_BASELINE_DIR", rule any, attribute suite_only;
             /// What runs do with baselines: `check` (default: compare where one
             /// exists), `update` (write them), `require` (fail a test without one).
             baselines: BaselineMode, env "GPU_LEAK_TEST_BASELINES", rule any, attribute suite_only;

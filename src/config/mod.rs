@@ -73,6 +73,8 @@ pub struct Settings {
     pub baseline: bool,
     pub baseline_tolerance_pct: f64,
     pub baselines: crate::baseline::BaselineMode,
+    /// Where baselines live; `None` for `memory-baselines` in the crate's folder.
+    pub baseline_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Settings {
@@ -91,6 +93,7 @@ impl Default for Settings {
             baseline: false,
             baseline_tolerance_pct: DEFAULT_BASELINE_TOLERANCE_PCT,
             baselines: crate::baseline::BaselineMode::Check,
+            baseline_dir: None,
         }
     }
 }
@@ -133,10 +136,11 @@ impl Settings {
         let environment = Options::from_env(&env)?;
         let env_name = |key: &str| Options::ENVIRONMENT.iter().find(|(k, _)| *k == key).map(|(_, e)| *e).unwrap_or("?");
         environment.validate(|key, _| format!("environment variable {}", env_name(key)))?;
-        // A report_dir from the file is relative to the file's folder.
+        // A report_dir or baseline_dir from the file is relative to the file's folder.
         let file_options = file.map(|f| {
             let mut options = f.settings.clone();
             options.report_dir = options.report_dir.map(|dir| f.folder.join(dir).display().to_string());
+            options.baseline_dir = options.baseline_dir.map(|dir| f.folder.join(dir).display().to_string());
             options
         });
         let above_file = attribute.clone().or(environment);
@@ -156,6 +160,7 @@ impl Settings {
             baseline: merged.baseline.unwrap_or(defaults.baseline),
             baseline_tolerance_pct: merged.baseline_tolerance_pct.unwrap_or(defaults.baseline_tolerance_pct),
             baselines: merged.baselines.unwrap_or_default(),
+            baseline_dir: merged.baseline_dir.map(std::path::PathBuf::from),
         })
     }
 }
@@ -190,7 +195,8 @@ mod settings_tests {
     fn precedence_attribute_then_environment_then_file_then_default() {
         let config = ConfigFile::parse(
             std::path::Path::new("/crate/gpu-leak-test.yaml"),
-            "defaults: { iterations: 7, warmup: 3, threshold_mb: 2, attribution_iterations: 6, report_dir: reports, plots: all }\n",
+            "defaults: { iterations: 7, warmup: 3, threshold_mb: 2, attribution_iterations: 6, report_dir: reports, plots: all, \
+             baseline: true, baselines: require, baseline_dir: baselines }\n",
         )
         .unwrap();
         let file = config.layer_for("any::test");
@@ -203,6 +209,8 @@ mod settings_tests {
         assert_eq!(s.peak_mb, None, "default");
         assert_eq!(s.report_dir.as_deref(), Some(std::path::Path::new("/crate/reports")));
         assert_eq!(s.plots, Plots::All);
+        assert!(s.baseline && s.baselines == crate::BaselineMode::Require);
+        assert_eq!(s.baseline_dir.as_deref(), Some(std::path::Path::new("/crate/baselines")));
         // A bad value from the file names the file and the key.
         let config = ConfigFile::parse(std::path::Path::new("gpu-leak-test.yaml"), "defaults: { iterations: 0 }\n").unwrap_err();
         assert!(config.to_string().starts_with("gpu-leak-test.yaml:1: defaults.iterations: must be at least 1"), "{config}");
