@@ -618,13 +618,14 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Where a figure rose over its baseline on a device, runs the
+    /// Where a peak rose over its baseline on a device, runs the
     /// attribution iterations again with stack capture and takes the
     /// allocations alive at each one's peak on that device: the sites where
-    /// the new peak is reached.
+    /// the new peak is reached. (The level after warm-up is setup's and
+    /// warm-up's state, which the iterations do not allocate again.)
     fn attribute_peak_over_baseline(&mut self, iteration: &mut impl FnMut() -> std::result::Result<(), String>) {
-        let judged = self.judged();
-        let Some(d) = judged.into_iter().find(|&d| matches!(self.verdicts[d], Verdict::PeakOverBaseline { .. })) else { return };
+        let peak_rose = |v: &Verdict| matches!(v, Verdict::PeakOverBaseline { figure, .. } if figure != "after_warmup_bytes");
+        let Some(d) = self.judged().into_iter().find(|&d| peak_rose(&self.verdicts[d])) else { return };
         let (layer, source) = (self.layers[d], self.sources[d]);
         let count = self.settings.attribution_iterations;
         let (started, sampling_before) = (Instant::now(), self.time.sampling);

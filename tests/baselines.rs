@@ -142,7 +142,35 @@ fn a_training_step_writes_the_same_bytes_twice_with_a_tolerance_of_zero(device: 
     assert_eq!(checked.baseline.as_ref().unwrap().status, BaselineStatus::Within);
 }
 
+fn a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it(device: &str) {
+    let root = scratch("model_grew", device);
+    let model = |floats: i64, mode| {
+        harness("baselines::model_grew", device, &root, mode, 5.0)
+            .run_with_setup(move |device| {
+                let weights = Tensor::ones([floats], (Kind::Float, device));
+                move || {
+                    let _ = weights.sum(Kind::Float);
+                }
+            })
+            .unwrap()
+    };
+    assert!(model(100_000, BaselineMode::Update).passed());
+    let grown = model(120_000, BaselineMode::Check);
+    let Verdict::PeakOverBaseline { figure, .. } = &grown.verdict else { panic!("{grown}") };
+    // The weights rose the level after warm-up and, by as much, the whole
+    // test's peak; a tie goes to the figure first in the file.
+    assert_eq!(figure, "after_warmup_bytes", "{grown}");
+    let outcome = grown.baseline.as_ref().unwrap();
+    assert!(outcome.over.iter().any(|c| c.figure == "test_peak_bytes"), "{grown}");
+    assert!(!outcome.over.iter().any(|c| c.figure == "iteration_peak_bytes"), "{grown}");
+    // Setup's state is not allocated again by the iterations: no peak sites,
+    // and the hint says what raises that level.
+    assert!(grown.peak_sites.is_none(), "{grown}");
+    assert!(grown.hints.iter().any(|h| h.starts_with("the level after warm-up is the model")), "{:?}", grown.hints);
+}
+
 on_each_device!(
+    a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it,
     a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_update_accepts_it,
     require_fails_a_test_without_a_baseline_and_says_the_one_command_that_writes_it,
     without_a_baseline_a_test_passes_and_its_baseline_is_pending_in_the_index,

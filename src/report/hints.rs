@@ -131,18 +131,18 @@ fn observation_hints(report: &Report) -> Vec<String> {
 fn peak_over_baseline_hint(report: &Report, figure: &str) -> String {
     let site = report.peak_sites.as_ref().and_then(|sites| sites.sites.first()).map(|top| {
         format!(
-            "the biggest share of the peak, {} of it each iteration, is allocated at {}. ",
+            "the biggest share of the peak, {} of it each iteration, is allocated at {}; ",
             super::bytes(top.bytes_per_iteration.round().max(0.0) as u64),
             top.location.as_deref().unwrap_or(&top.description)
         )
     });
     let usual = match figure {
         "after_warmup_bytes" => {
-            "The level after warm-up is the model, the optimizer's state and caches: a bigger layer, a new parameter \
+            "the level after warm-up is the model, the optimizer's state and caches: a bigger layer, a new parameter \
              group or optimizer state raises it."
         }
         _ => {
-            "A peak is the activations saved for backward and the temporaries alive at once: a bigger batch or \
+            "a peak is the activations saved for backward and the temporaries alive at once: a bigger batch or \
              hidden size, an output kept past its use, or evaluation without `tch::no_grad` raises it."
         }
     };
