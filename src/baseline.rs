@@ -94,6 +94,17 @@ impl Figures {
         ]
     }
 
+    /// A figure's name in tables: `iteration peak`, `after warm-up`,
+    /// `test peak`.
+    pub fn short_name(figure: &str) -> &'static str {
+        match figure {
+            "iteration_peak_bytes" => "iteration peak",
+            "after_warmup_bytes" => "after warm-up",
+            "test_peak_bytes" => "test peak",
+            _ => "a figure",
+        }
+    }
+
     /// What a figure's name means, for a reader.
     pub fn describe(figure: &str) -> &'static str {
         match figure {
@@ -203,17 +214,55 @@ impl BaselineOutcome {
         }
     }
 
+    /// Every measured figure of every device, in the file's order, beside
+    /// its baseline where one was read: the rows of the text's and the
+    /// page's tables.
+    pub(crate) fn rows(&self) -> impl Iterator<Item = BaselineRow<'_>> {
+        self.measured.iter().flat_map(move |(device, figures)| {
+            let recorded = self.baseline.as_ref().and_then(|b| b.get(device)).map(Figures::named);
+            figures.named().into_iter().enumerate().map(move |(i, (figure, measured))| BaselineRow {
+                device,
+                figure,
+                measured,
+                baseline: recorded.map(|r| r[i].1),
+                over: self.over.iter().any(|c| &c.device == device && c.figure == figure),
+            })
+        })
+    }
+
     /// One line for the index: the status, and the biggest change.
     pub fn summary(&self) -> String {
         let change = |c: &FigureChange| {
             let percent = c.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default();
-            format!("{} {} {:+} B{percent}", c.device, c.figure.trim_end_matches("_bytes").replace('_', " "), c.difference())
+            format!("{} {} {:+} B{percent}", c.device, Figures::short_name(&c.figure), c.difference())
         };
         match (self.status, self.over.first(), self.lower.first()) {
             (BaselineStatus::Over, Some(c), _) => format!("over: {}", change(c)),
             (BaselineStatus::Within, _, Some(c)) => format!("within; can be lowered: {}", change(c)),
             (status, _, _) => status.label().to_string(),
         }
+    }
+}
+
+/// One figure of one device in a report's baseline table.
+pub(crate) struct BaselineRow<'a> {
+    pub(crate) device: &'a str,
+    pub(crate) figure: &'static str,
+    pub(crate) measured: i64,
+    pub(crate) baseline: Option<i64>,
+    /// Above its baseline by more than the tolerance.
+    pub(crate) over: bool,
+}
+
+impl BaselineRow<'_> {
+    /// The change from the baseline, where one was read.
+    pub(crate) fn change(&self) -> Option<FigureChange> {
+        self.baseline.map(|baseline_bytes| FigureChange {
+            device: self.device.to_string(),
+            figure: self.figure.to_string(),
+            baseline_bytes,
+            measured_bytes: self.measured,
+        })
     }
 }
 

@@ -568,10 +568,9 @@ impl<'a> Run<'a> {
         let file = crate_folder
             .and_then(|c| path.strip_prefix(c).ok().map(|p| p.display().to_string()))
             .unwrap_or_else(|| path.display().to_string());
-        let measured = self.baseline_figures();
-        let mut outcome = BaselineOutcome::new(file.clone(), &kind, settings.baseline_tolerance_pct, measured.clone());
+        let mut outcome = BaselineOutcome::new(file.clone(), &kind, settings.baseline_tolerance_pct, self.baseline_figures());
         match settings.baselines {
-            BaselineMode::Update => match baseline::write(&path, &self.test.name, &kind, &measured) {
+            BaselineMode::Update => match baseline::write(&path, &self.test.name, &kind, &outcome.measured) {
                 Ok(()) => outcome.status = BaselineStatus::Written,
                 Err(why) => return self.fail_baseline(body, file, why),
             },
@@ -589,7 +588,7 @@ impl<'a> Run<'a> {
                 }
                 Ok(None) => outcome.status = BaselineStatus::Pending,
                 Ok(Some(recorded)) => {
-                    let (over, lower) = baseline::compare(&measured, &recorded, settings.baseline_tolerance_pct);
+                    let (over, lower) = baseline::compare(&outcome.measured, &recorded, settings.baseline_tolerance_pct);
                     outcome.status = if over.is_empty() { BaselineStatus::Within } else { BaselineStatus::Over };
                     // The biggest rise on each device is its verdict.
                     for change in &over {

@@ -216,27 +216,18 @@ fn baseline(report: &Report, html: &mut String) {
         escape(&outcome.libtorch),
         outcome.tolerance_pct
     );
-    for (device, figures) in &outcome.measured {
-        let recorded = outcome.baseline.as_ref().and_then(|b| b.get(device));
-        let rows = [
-            ("iteration_peak_bytes", figures.iteration_peak_bytes, recorded.map(|r| r.iteration_peak_bytes)),
-            ("after_warmup_bytes", figures.after_warmup_bytes, recorded.map(|r| r.after_warmup_bytes)),
-            ("test_peak_bytes", figures.test_peak_bytes, recorded.map(|r| r.test_peak_bytes)),
-        ];
-        for (figure, now, was) in rows {
-            let over = outcome.over.iter().any(|c| &c.device == device && c.figure == figure);
-            let _ = writeln!(
-                html,
-                "<tr><td>{}</td><td title=\"{}\">{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>",
-                escape(device),
-                escape(crate::baseline::Figures::describe(figure)),
-                escape(&figure.trim_end_matches("_bytes").replace('_', " ")),
-                was.map(|w| escape(&bytes(w.max(0) as u64))).unwrap_or_default(),
-                escape(&bytes(now.max(0) as u64)),
-                if over { "fail" } else { "" },
-                was.map(|w| escape(&signed_bytes(now - w))).unwrap_or_default(),
-            );
-        }
+    for row in outcome.rows() {
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td title=\"{}\">{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>",
+            escape(row.device),
+            escape(crate::baseline::Figures::describe(row.figure)),
+            escape(crate::baseline::Figures::short_name(row.figure)),
+            row.baseline.map(|w| escape(&bytes(w.max(0) as u64))).unwrap_or_default(),
+            escape(&bytes(row.measured.max(0) as u64)),
+            if row.over { "fail" } else { "" },
+            row.change().map(|c| escape(&signed_bytes(c.difference()))).unwrap_or_default(),
+        );
     }
     html.push_str("</table>\n");
 }

@@ -381,28 +381,20 @@ fn baseline_lines(report: &Report, out: &mut String) {
         outcome.status.label()
     );
     let _ = writeln!(out, "    {:<8} {:<22} {:>26} {:>26}  change", "device", "figure", "baseline", "this run");
-    for (device, figures) in &outcome.measured {
-        let recorded = outcome.baseline.as_ref().and_then(|b| b.get(device));
-        let named = [
-            ("iteration peak", "iteration_peak_bytes", figures.iteration_peak_bytes, recorded.map(|r| r.iteration_peak_bytes)),
-            ("after warm-up", "after_warmup_bytes", figures.after_warmup_bytes, recorded.map(|r| r.after_warmup_bytes)),
-            ("test peak", "test_peak_bytes", figures.test_peak_bytes, recorded.map(|r| r.test_peak_bytes)),
-        ];
-        for (name, key, now, was) in named {
-            let over = outcome.over.iter().any(|c| &c.device == device && c.figure == key);
-            let change = match was {
-                Some(was) if was != 0 => format!("{} ({:+.1}%)", signed_bytes(now - was), (now - was) as f64 * 100.0 / was as f64),
-                Some(was) => signed_bytes(now - was),
-                None => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "    {device:<8} {name:<22} {:>26} {:>26}  {change}{}",
-                was.map(|w| bytes(w.max(0) as u64)).unwrap_or_else(|| "-".into()),
-                bytes(now.max(0) as u64),
-                if over { "  OVER" } else { "" }
-            );
-        }
+    for row in outcome.rows() {
+        let change = row.change().map_or(String::new(), |c| {
+            let percent = c.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default();
+            format!("{}{percent}", signed_bytes(c.difference()))
+        });
+        let _ = writeln!(
+            out,
+            "    {:<8} {:<22} {:>26} {:>26}  {change}{}",
+            row.device,
+            crate::baseline::Figures::short_name(row.figure),
+            row.baseline.map(|w| bytes(w.max(0) as u64)).unwrap_or_else(|| "-".into()),
+            bytes(row.measured.max(0) as u64),
+            if row.over { "  OVER" } else { "" }
+        );
     }
     if outcome.status == crate::baseline::BaselineStatus::Within && !outcome.lower.is_empty() {
         let _ = writeln!(
