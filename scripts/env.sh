@@ -1,16 +1,26 @@
 # Source this file: it provisions (or reuses) a Python environment with the
-# PyTorch that tch 0.24 pins, then exports what builds and test runs need.
+# PyTorch of one supported tch release, then exports what builds and test
+# runs need.
 #
-#   . scripts/env.sh
+#   . scripts/env.sh                          # tch 0.24, PyTorch 2.11 (the default)
+#   GPU_LEAK_TEST_TCH=0.26.0 . scripts/env.sh # tch 0.26, PyTorch 2.13
 #
-# The environment lives outside the clone, keyed by torch version, so every
-# clone on the machine shares one 4.6 GB install. Override its parent folder
-# with GPU_LEAK_TEST_CACHE_DIR.
-TORCH_VERSION=2.11.0
+# The releases and their PyTorch come from libtorch-versions.tsv. The
+# environment lives outside the clone, keyed by torch version, so every
+# clone on the machine shares one 4.6 GB install per version. Override its
+# parent folder with GPU_LEAK_TEST_CACHE_DIR.
+_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+GPU_LEAK_TEST_TCH=${GPU_LEAK_TEST_TCH:-$(awk '!/^#/ && NF { print $1; exit }' "$_repo/libtorch-versions.tsv")}
+_row=$(awk -v tch="$GPU_LEAK_TEST_TCH" '!/^#/ && $1 == tch' "$_repo/libtorch-versions.tsv")
+if [ -z "$_row" ]; then
+    echo "gpu-leak-test: GPU_LEAK_TEST_TCH=$GPU_LEAK_TEST_TCH is not a supported tch release; libtorch-versions.tsv lists: $(awk '!/^#/ && NF { printf "%s ", $1 }' "$_repo/libtorch-versions.tsv")" >&2
+    return 1 2>/dev/null || exit 1
+fi
+TORCH_VERSION=$(echo "$_row" | cut -f3)
 # The CUDA runtime headers' crt/ folder, which the torch wheel's own CUDA
 # packages leave out; the shim needs it to compile the CUDA trace tracker
 # (process scope). Headers only: about 1 MB.
-CUDA_CRT=nvidia-cuda-crt==13.0.88
+CUDA_CRT=nvidia-cuda-crt==$(echo "$_row" | cut -f4)
 _cache_root=${GPU_LEAK_TEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-leak-test}
 GPU_LEAK_TEST_VENV=$_cache_root/torch-$TORCH_VERSION
 
@@ -36,10 +46,11 @@ if [ ! -f "$(_torch_dir)/../nvidia/cu13/include/crt/host_defines.h" ]; then
         echo "gpu-leak-test: warning: could not install $CUDA_CRT; process scope will not see CUDA" >&2
 fi
 
+export GPU_LEAK_TEST_TCH GPU_LEAK_TEST_VENV
 export PATH="$GPU_LEAK_TEST_VENV/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1
 export LIBTORCH_BYPASS_VERSION_CHECK=${LIBTORCH_BYPASS_VERSION_CHECK:-0}
 _torch_lib=$(_torch_dir)/lib
 export LD_LIBRARY_PATH="$_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset _cache_root _tmp_venv _torch_lib CUDA_CRT
+unset _repo _row _cache_root _tmp_venv _torch_lib CUDA_CRT
 unset -f _torch_dir
