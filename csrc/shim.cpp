@@ -342,6 +342,14 @@ const char* glt_libtorch_version() {
   return TORCH_VERSION;
 }
 
+// The folder the process loaded libc10.so from (with a trailing slash), or
+// "" where the loader cannot say: the Rust side reads the version of the
+// libtorch actually loaded beside it, which must be the one compiled
+// against (the shim's view of libtorch's classes is that version's).
+char* glt_loaded_libtorch_folder(char** folder) {
+  return guarded([&] { *folder = copy_string(directory_of_loaded_c10()); });
+}
+
 // The model and compute capability of a CUDA device, from the driver API
 // (libcuda.so.1, loaded once CUDA is): what a memory baseline is keyed by.
 // *available is 0, and *name says why, where the driver cannot tell.

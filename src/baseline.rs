@@ -315,7 +315,7 @@ impl DeviceKind {
             }
             _ => "cpu".to_string(),
         };
-        Ok(DeviceKind { device: name, libtorch: crate::probe::cuda::libtorch_version() })
+        Ok(DeviceKind { device: name, libtorch: crate::probe::libtorch::built_version() })
     }
 
     /// The part of a file name that names it: `cpu.torch-2.11.0`,

@@ -73,6 +73,12 @@ where
     let _scope_lock = crate::scope::lock(scope);
     let _device_lock = device::lock_device(device);
     let waiting = locking.elapsed();
+    // Before anything calls into libtorch's classes: a libtorch other than
+    // the one the shim was built against is read wrongly, or crashes.
+    if let Err(message) = crate::probe::libtorch::check_loaded() {
+        let run = Run::new(test, settings, device, scope, Tracker::new(), None, &Coverage::default());
+        return run.stop(Verdict::Panicked { phase: Phase::Setup, iteration: 0, message }, started);
+    }
     if let Device::Cuda(index) = device {
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.

@@ -253,12 +253,6 @@ pub fn pinned_reset_peak() -> Result<()> {
     ffi::check("glt_cuda_pinned_reset_peak", unsafe { ffi::glt_cuda_pinned_reset_peak() })
 }
 
-/// The libtorch version this crate was built against, as `2.11.0`.
-pub fn libtorch_version() -> String {
-    // SAFETY: the shim returns a pointer to a static NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(ffi::glt_libtorch_version()) }.to_string_lossy().into_owned()
-}
-
 /// A CUDA device's model and compute capability, as `("NVIDIA H200", 9, 0)`,
 /// or why the driver cannot tell.
 pub fn device_kind(index: usize) -> std::result::Result<(String, i32, i32), String> {

@@ -50,6 +50,7 @@ extern "C" {
     pub(crate) fn glt_cuda_pinned_empty_cache() -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_reset_peak() -> *mut c_char;
     pub(crate) fn glt_libtorch_version() -> *const c_char;
+    pub(crate) fn glt_loaded_libtorch_folder(folder: *mut *mut c_char) -> *mut c_char;
     pub(crate) fn glt_cuda_device_kind(
         device: i32,
         name: *mut *mut c_char,

@@ -6,6 +6,7 @@ pub mod driver;
 mod ffi;
 pub mod hook;
 pub mod host;
+pub(crate) mod libtorch;
 #[cfg(target_os = "linux")]
 mod objects;
 pub mod process;
