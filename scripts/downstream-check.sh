@@ -3,24 +3,44 @@
 # README's `# gpu-leak-test: install` block, run in the crate's folder from
 # a clean state), then runs its tests with `cargo test` and through a
 # nextest archive run from another folder, as a GPU runner would.
+#
+#   scripts/downstream-check.sh [TCH_VERSION]
+#
+# With a version (a row of libtorch-versions.tsv; default the example's
+# own pin), the crate pins that tch exactly, as a user on it would, and the
+# install block gets that row's PyTorch. It runs in a copy of the crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-crate=$root/examples/downstream
-# The README's dependency lines and the example's must agree.
-grep -q '^tch = "=0.24.0"$' "$crate/Cargo.toml" && grep -q '^tch = "=0.24.0"$' README.md ||
-    { echo "downstream-check: README and examples/downstream disagree on the tch pin" >&2; exit 1; }
-# The fenced block that starts with the marker, up to its closing fence.
+example=$root/examples/downstream
+pinned=$(sed -n 's/^tch = "=\(.*\)"$/\1/p' "$example/Cargo.toml")
+version=${1:-$pinned}
+row=$(awk -v tch="$version" '!/^#/ && $1 == tch' libtorch-versions.tsv)
+[ -n "$row" ] || { echo "downstream-check: tch $version is not a row of libtorch-versions.tsv" >&2; exit 1; }
+torch=$(echo "$row" | cut -f3)
+# The README shows every supported pin.
+grep -q "tch = \"=$version\"" README.md ||
+    { echo "downstream-check: README.md does not show tch = \"=$version\"" >&2; exit 1; }
+# The fenced block that starts with the marker, up to its closing fence,
+# with the user's choice of PyTorch for this tch.
 block=$(awk '/^# gpu-leak-test: install$/ {found=1} found && /^```$/ {exit} found' README.md)
 [ -n "$block" ] || { echo "downstream-check: no install block in README.md" >&2; exit 1; }
+grep -q '^torch=' <<<"$block" || { echo "downstream-check: the install block sets no torch=" >&2; exit 1; }
+block=$(sed "s/^torch=[^ ]*/torch=$torch/" <<<"$block")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+crate=$work/downstream
+mkdir "$crate"
+cp -r "$example/Cargo.toml" "$example/src" "$example/tests" "$crate/"
+sed -i "s|^tch = \".*\"$|tch = \"=$version\"|; s|path = \"../..\"|path = \"$root\"|" "$crate/Cargo.toml"
 cd "$crate"
-rm -rf .cargo target Cargo.lock
+echo "downstream-check: a crate on tch $version with PyTorch $torch"
 # A user's shell: none of this repository's environment.
-env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH bash -euo pipefail -c "$block"
-env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH cargo test --test leaks
-env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH cargo nextest archive --archive-file target/leaks.tar.zst
-elsewhere=$(mktemp -d)
-trap 'rm -rf "$elsewhere"' EXIT
+clean_env=(env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH -u CARGO_TARGET_DIR -u GPU_LEAK_TEST_TCH)
+"${clean_env[@]}" bash -euo pipefail -c "$block"
+"${clean_env[@]}" cargo test --test leaks
+"${clean_env[@]}" cargo nextest archive --archive-file target/leaks.tar.zst
+elsewhere=$work/elsewhere
+mkdir "$elsewhere"
 cp -r Cargo.toml src tests .cargo "$elsewhere/"
-(cd "$elsewhere" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH \
-    cargo nextest run --archive-file "$crate/target/leaks.tar.zst" --workspace-remap .)
+(cd "$elsewhere" && "${clean_env[@]}" cargo nextest run --archive-file "$crate/target/leaks.tar.zst" --workspace-remap .)
