@@ -36,7 +36,7 @@ pub use tch;
 pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard, ThreadLeftRunning};
 pub use device::DeviceChoice;
 pub use scope::Scope;
-pub use verdict::{Leak, Phase, RetainedDuring, Verdict};
+pub use verdict::{Leak, LeakRate, Phase, RetainedDuring, Verdict};
 
 /// The measurement machinery: memory sources, stack capture, attribution.
 /// Unstable: for this crate's benchmarks and probe tests, not for users.

@@ -213,26 +213,71 @@ pub struct Leak {
     /// Number of measured (and confirmation) iterations the growth was
     /// retained over.
     pub iterations: u32,
-    /// The exact rate where the growth has a period, else the average.
+    /// The leak's rate: its exact step where the levels show one (see
+    /// [`Leak::rate`]), else the average over the iterations.
     pub bytes_per_iteration: f64,
     /// Measured iterations (1-based) after which the level reached a new high.
     pub growing_iterations: Vec<u32>,
     /// `(period, bytes)` where the level rose by exactly `bytes` every
     /// `period` iterations; `None` where the growth follows no exact pattern.
     pub drift: Option<(u32, i64)>,
+    /// How `bytes_per_iteration` was found.
+    #[serde(default)]
+    pub rate: LeakRate,
+}
+
+/// How a leak's rate was found. Exact accounting makes a steady leak's step
+/// exact; a one-off rise beside it (a cache that grows once, libtorch's own
+/// map rehashing) is not part of the rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "basis")]
+#[non_exhaustive]
+pub enum LeakRate {
+    /// The level rose by exactly [`Leak::drift`]'s bytes every period over
+    /// the whole judged window.
+    ExactPattern,
+    /// Over the latest `steps` iterations the level rose by exactly `bytes`
+    /// every `period`; growth before them was a one-off, and is in
+    /// `retained_bytes`, not in the rate.
+    LatestSteps {
+        /// Iterations between two equal rises (1: every iteration).
+        period: u32,
+        /// Bytes each period added.
+        bytes: i64,
+        /// Latest iterations over which the rise held.
+        steps: u32,
+    },
+    /// No exact step: retained bytes over the iterations.
+    #[default]
+    Average,
 }
 
 impl Leak {
-    fn from_levels(baseline: i64, levels: &[i64], drift: Option<(u32, i64)>) -> Leak {
+    fn from_levels(baseline: i64, levels: &[i64], drift: Option<(u32, i64)>, window: u32) -> Leak {
         let retained_bytes = levels.last().copied().unwrap_or(baseline) - baseline;
         let iterations = levels.len() as u32;
-        // An exact drift gives the exact rate; otherwise the average.
-        let bytes_per_iteration = match drift {
-            Some((period, bytes)) => bytes as f64 / period as f64,
-            None => retained_bytes as f64 / iterations.max(1) as f64,
+        let (bytes_per_iteration, rate) = match (drift, latest_steps(baseline, levels, window)) {
+            (Some((period, bytes)), _) => (bytes as f64 / period as f64, LeakRate::ExactPattern),
+            (None, Some(rate @ LeakRate::LatestSteps { period, bytes, .. })) => (bytes as f64 / period as f64, rate),
+            (None, _) => (retained_bytes as f64 / iterations.max(1) as f64, LeakRate::Average),
         };
-        Leak { retained_bytes, iterations, bytes_per_iteration, growing_iterations: new_highs(baseline, levels), drift }
+        Leak { retained_bytes, iterations, bytes_per_iteration, growing_iterations: new_highs(baseline, levels), drift, rate }
     }
+}
+
+/// The exact step of the latest levels, where one held long enough to be
+/// the leak's: the shortest period whose rise was the same positive number
+/// of bytes for the last half of the window's comparisons (at least 2).
+/// Growth that only began to repeat at the very end is no step.
+fn latest_steps(baseline: i64, levels: &[i64], window: u32) -> Option<LeakRate> {
+    let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
+    let needed = (window.max(1) as usize).div_ceil(2).max(2);
+    (1..all.len()).find_map(|period| {
+        let rises: Vec<i64> = all.windows(period + 1).map(|w| w[period] - w[0]).collect();
+        let &last = rises.last()?;
+        let steps = rises.iter().rev().take_while(|&&rise| rise == last).count();
+        (last > 0 && steps >= needed && steps >= period).then_some(LeakRate::LatestSteps { period: period as u32, bytes: last, steps: steps as u32 })
+    })
 }
 
 /// Exact live bytes at each point of a run.
@@ -390,8 +435,8 @@ pub(crate) fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: O
     let within = within_threshold(per_iteration(retained), window, threshold_bytes);
     let shape = shape(baseline, measured, window, threshold_bytes);
     match shape {
-        Shape::Growing { drift: Some(_) } => return Verdict::Leak(Leak::from_levels(baseline, measured, shape_drift(&shape))),
-        Shape::Growing { drift: None } if !within => return Verdict::Leak(Leak::from_levels(baseline, measured, None)),
+        Shape::Growing { drift: Some(_) } => return Verdict::Leak(Leak::from_levels(baseline, measured, shape_drift(&shape), window)),
+        Shape::Growing { drift: None } if !within => return Verdict::Leak(Leak::from_levels(baseline, measured, None, window)),
         _ => {}
     }
     if let Some((peak_bytes, budget_bytes)) = peak_over {
@@ -439,7 +484,7 @@ pub(crate) fn after_attribution(
     window: u32,
     threshold_bytes: u64,
 ) -> Verdict {
-    let unsuppressed_per_iteration = leak.retained_bytes as f64 / leak.iterations.max(1) as f64 - suppressed_per_iteration;
+    let unsuppressed_per_iteration = leak.bytes_per_iteration - suppressed_per_iteration;
     if leak.drift.is_none() && replaced {
         Verdict::Bounded { retained_bytes: leak.retained_bytes, period: None }
     } else if suppressed_per_iteration > 0.0 && within_threshold(unsuppressed_per_iteration, window, threshold_bytes) {
@@ -586,7 +631,7 @@ pub(crate) fn unexplained_growth(counted: &[i64], global: &[i64], window: u32) -
 mod tests {
     #[test]
     fn host_objects_that_keep_nothing_across_attribution_are_bounded_even_with_an_exact_looking_pattern() {
-        let leak = super::Leak::from_levels(0, &[16, 16, 16, 16, 16, 16, 16, 32], Some((7, 16)));
+        let leak = super::Leak::from_levels(0, &[16, 16, 16, 16, 16, 16, 16, 32], Some((7, 16)), 5);
         assert!(matches!(super::host_objects_after_attribution(&leak, true, true, 0.0, 5, 0), super::Verdict::Bounded { period: None, .. }));
         assert!(matches!(super::host_objects_after_attribution(&leak, false, true, 0.0, 5, 0), super::Verdict::Leak(_)));
     }
@@ -594,7 +639,7 @@ mod tests {
     #[test]
     fn host_objects_that_fell_back_while_attribution_watched_are_bounded_not_a_leak() {
         // A cache's burst at the end of the window, freed a few iterations on.
-        let leak = super::Leak::from_levels(0, &[0, 1100, 1380, 300, 300, 300, 300, 4900, 18800], None);
+        let leak = super::Leak::from_levels(0, &[0, 1100, 1380, 300, 300, 300, 300, 4900, 18800], None, 5);
         assert!(matches!(super::host_objects_after_attribution(&leak, false, false, 0.0, 5, 0), super::Verdict::Bounded { .. }));
     }
 
@@ -695,6 +740,32 @@ mod tests {
         assert_eq!((leak.bytes_per_iteration, leak.retained_bytes, leak.iterations), (512.0, 512 * 10, 10));
         assert_eq!(leak.drift, Some((1, 512)));
         assert_eq!(leak.growing_iterations, (1..=10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_one_off_rise_before_a_steady_leak_is_not_averaged_into_its_rate() {
+        // CI's proptest case: 2,132 B once, beside 404 B kept every
+        // iteration, over a window of 5 that confirmation did not extend.
+        let levels: Vec<i64> = (1..=5).map(|i| 2_132 + 404 * i).collect();
+        let Verdict::Leak(leak) = decide(&series(&[0], &levels), 5, 0, None) else { panic!() };
+        assert_eq!(leak.bytes_per_iteration, 404.0);
+        assert_eq!(leak.rate, LeakRate::LatestSteps { period: 1, bytes: 404, steps: 4 });
+        assert_eq!(leak.retained_bytes, 2_132 + 404 * 5, "the one-off stays in what was retained");
+    }
+
+    #[test]
+    fn growth_without_a_repeating_step_is_averaged_and_says_so() {
+        let Verdict::Leak(leak) = decide(&series(&[0], &[100, 150, 350, 420, 600]), 5, 0, None) else { panic!() };
+        assert_eq!((leak.bytes_per_iteration, leak.rate), (120.0, LeakRate::Average));
+    }
+
+    #[test]
+    fn a_step_that_repeated_only_at_the_very_end_is_not_the_rate() {
+        let Verdict::Leak(leak) = decide(&series(&[0], &[900, 1_000, 1_700, 1_800, 1_900]), 5, 0, None) else { panic!() };
+        // Two equal rises at the end of a window of 5 is not half of it.
+        assert_eq!(leak.rate, LeakRate::Average);
+        let Verdict::Leak(leak) = decide(&series(&[0], &[900, 1_000, 1_100, 1_200, 1_300]), 5, 0, None) else { panic!() };
+        assert_eq!((leak.bytes_per_iteration, leak.rate), (100.0, LeakRate::LatestSteps { period: 1, bytes: 100, steps: 4 }));
     }
 
     #[test]
@@ -828,7 +899,7 @@ mod tests {
     }
 
     fn leak(drift: Option<(u32, i64)>) -> Leak {
-        Leak { retained_bytes: 320, iterations: 10, bytes_per_iteration: 32.0, growing_iterations: vec![], drift }
+        Leak { retained_bytes: 320, iterations: 10, bytes_per_iteration: 32.0, growing_iterations: vec![], drift, rate: LeakRate::Average }
     }
 
     #[test]
@@ -859,7 +930,8 @@ mod tests {
             // A leak confirmed over three times the window, 500 B an
             // iteration of it at suppressed sites: the rest is judged at
             // the same scale, not against three windows' growth.
-            let confirmed = Leak { retained_bytes: 3 * at as i64, iterations: 3 * window, ..leak(Some((1, 1_000))) };
+            let confirmed =
+                Leak { retained_bytes: 3 * at as i64, iterations: 3 * window, bytes_per_iteration: 1_000.0, ..leak(Some((1, 1_000))) };
             let half = u64::from(window) * 500;
             assert!(!after_attribution(&confirmed, false, 500.0, window, half).is_failure(), "window {window}");
             assert!(after_attribution(&confirmed, false, 500.0, window, half - 1).is_failure(), "window {window}");

@@ -2,7 +2,7 @@
 use crate::layer::device_name;
 use super::format::{bytes, per_iteration_bytes, signed_bytes, thousands};
 use super::{Report, Sample};
-use crate::verdict::{Phase, RetainedDuring, Verdict};
+use crate::verdict::{LeakRate, Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
 
 /// `[1, 2, 3, 5]` → `"1-3, 5"`.
@@ -257,25 +257,45 @@ fn verdict_lines(report: &Report, out: &mut String) {
 /// layer it is in.
 fn leak_lines(report: &Report, leak: &crate::verdict::Leak, out: &mut String) {
     let s = &report.settings;
+    let measured = leak.iterations.min(s.iterations);
     let confirmation = leak.iterations.saturating_sub(s.iterations);
+    let window = if confirmation > 0 {
+        format!("{measured} measured and {confirmation} confirmation iterations")
+    } else {
+        format!("{measured} measured iterations")
+    };
     let _ = writeln!(
         out,
-        "  {} retained over {} measured iterations{}: {} per iteration (threshold {}).",
+        "  {} retained over {window}: {} per iteration (threshold {} over {} measured iterations).",
         bytes(leak.retained_bytes.max(0) as u64),
-        leak.iterations.min(s.iterations),
-        if confirmation > 0 { format!(" and {confirmation} confirmation iterations") } else { String::new() },
         per_iteration_bytes(leak.bytes_per_iteration),
-        bytes(s.threshold_bytes)
+        bytes(s.threshold_bytes),
+        s.iterations
     );
     let _ = writeln!(
         out,
-        "  Live bytes reached a new high after measured iteration{} {}.",
+        "  Live bytes reached a new high after iteration{} {} (measured{}).",
         if leak.growing_iterations.len() == 1 { "" } else { "s" },
-        ranges(&leak.growing_iterations)
+        ranges(&leak.growing_iterations),
+        if confirmation > 0 { format!(" 1-{measured}, confirmation {}-{}", measured + 1, leak.iterations) } else { String::new() }
     );
-    if let Some((period, grown)) = leak.drift {
-        let every = if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
-        let _ = writeln!(out, "  It grew by exactly {} {every}, to the end of the confirmation window.", bytes(grown.max(0) as u64));
+    let every = |period: u32| if period == 1 { "every iteration".to_string() } else { format!("every {period} iterations") };
+    match (leak.drift, leak.rate) {
+        (Some((period, grown)), _) => {
+            let _ = writeln!(out, "  It grew by exactly {} {}, to the end of the window.", bytes(grown.max(0) as u64), every(period));
+        }
+        (None, LeakRate::LatestSteps { period, bytes: grown, steps }) => {
+            let _ = writeln!(
+                out,
+                "  It grew by exactly {} {} over the last {steps} iterations; the growth before them was a one-off, \
+                 in what was retained but not in the rate.",
+                bytes(grown.max(0) as u64),
+                every(period)
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "  The growth follows no exact pattern: the rate is what was retained over the iterations.");
+        }
     }
     if report.verdict_layer == crate::Layer::HostObjects {
         let _ = writeln!(
