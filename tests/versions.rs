@@ -2,7 +2,7 @@
 //! Cargo.toml's ranges and the README's install block must say the same.
 //! (build.rs refuses a libtorch outside the table; probe::libtorch refuses a
 //! loaded libtorch other than the one built against.)
-use std::path::Path;
+mod common;
 
 struct Row {
     tch: String,
@@ -10,7 +10,8 @@ struct Row {
 }
 
 fn root_file(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    // The crate's folder at run time: an archive runs from another checkout.
+    let path = common::manifest_dir().join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
