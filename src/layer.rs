@@ -86,6 +86,16 @@ impl Layer {
         }
     }
 
+    /// The layer in a few words, for a sentence or a legend:
+    /// `tensors on cuda:0`, `libtorch's host objects`.
+    pub fn plain_name(self) -> String {
+        match self {
+            Layer::HostObjects => "libtorch's host objects".to_string(),
+            Layer::Tensors(device) => format!("tensors on {}", device_name(device)),
+            Layer::OutsideLibtorch(device) => format!("driver allocations outside libtorch on {}", device_name(device)),
+        }
+    }
+
     /// What memory it is, for a reader.
     pub fn description(self) -> &'static str {
         match self {

@@ -789,6 +789,21 @@ impl<'a> Run<'a> {
                      verdict above was reached before it, and the sites are unknown",
                     stopped.label()
                 ));
+                let host_objects_leak = self
+                    .judged()
+                    .into_iter()
+                    .find_map(|d| match &self.verdicts[d] {
+                        Verdict::Leak(leak) if self.layers[d] == Layer::HostObjects => Some(leak.bytes_per_iteration),
+                        _ => None,
+                    });
+                if let (Some(rate), true) = (host_objects_leak, self.a_tensor_layer_leaks(&self.judged())) {
+                    self.notes.push(format!(
+                        "libtorch's host objects grew {} per iteration beside the tensors' leak; attribution stopped \
+                         before it could tell whether that is the kept tensors' own records (TensorImpl, StorageImpl) or \
+                         something more (a kept graph), so the tensors' leak is the verdict",
+                        crate::report::bytes(rate.round().max(0.0) as u64)
+                    ));
+                }
                 self.attribution_stopped = Some(stopped);
                 return Ok(());
             }
@@ -956,10 +971,22 @@ impl<'a> Run<'a> {
         self.finish(started)
     }
 
+    /// Whether any of the `judged` tensor layers is a leak.
+    fn a_tensor_layer_leaks(&self, judged: &[usize]) -> bool {
+        judged.iter().any(|&d| matches!(self.layers[d], Layer::Tensors(_)) && matches!(self.verdicts[d], Verdict::Leak(_)))
+    }
+
     /// The layer whose verdict the test gets: a failure in any judged layer
     /// (the biggest leak first), else the body's device's.
+    ///
+    /// Host objects that grew beside a tensor leak are often the kept
+    /// tensors' own records, which only attribution tells apart from a kept
+    /// graph (`judge_host_objects_beside_kept_tensors`). Where attribution
+    /// stopped, the tensors' leak, which needs no attribution, is the verdict.
     fn verdict_layer(&self, judged: &[usize]) -> usize {
-        let rank = |v: &Verdict| match v {
+        let unexplained_host_objects = self.attribution_stopped.is_some() && self.a_tensor_layer_leaks(judged);
+        let rank = |d: usize| match &self.verdicts[d] {
+            Verdict::Leak(_) if unexplained_host_objects && self.layers[d] == Layer::HostObjects => (2, 0.0),
             Verdict::Leak(leak) => (3, leak.bytes_per_iteration),
             v if v.is_failure() => (2, 0.0),
             _ => (0, 0.0),
@@ -968,7 +995,7 @@ impl<'a> Run<'a> {
             .iter()
             .copied()
             .filter(|&d| self.verdicts[d].is_failure())
-            .max_by(|&a, &b| rank(&self.verdicts[a]).partial_cmp(&rank(&self.verdicts[b])).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)))
+            .max_by(|&a, &b| rank(a).partial_cmp(&rank(b)).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)))
             .unwrap_or(self.body())
     }
 
@@ -982,14 +1009,18 @@ impl<'a> Run<'a> {
                 let counted = self.measured_window(|i| Some(self.levels[i][d]));
                 let global = self.measured_window(|i| self.global_levels.get(i).map(|l| l[d]));
                 let unexplained = counted
+                    .clone()
                     .zip(global)
                     .and_then(|(counted, global)| verdict::unexplained_growth(&counted, &global, settings.iterations));
+                let retained_growth_bytes = counted.as_ref().map_or(0, |levels| levels[levels.len() - 1] - levels[0]);
                 DeviceResult {
                     device: self.layers[d].device(),
                     layer: self.layers[d],
                     source: self.sources[d].name().to_string(),
                     verdict: self.verdicts.get(d).cloned().unwrap_or(Verdict::Clean),
-                    levels: self.levels.iter().map(|l| l[d]).collect(),
+                    levels: self.levels.iter().map(|l| l[d] - self.start[d]).collect(),
+                    retained_growth_bytes,
+                    peak_bytes: self.exact_peak(d),
                     unexplained_bytes_per_iteration: unexplained,
                 }
             })
@@ -1012,6 +1043,12 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Layer `index`'s peak since the test began, where its source keeps
+    /// one: tensor layers (see `follow_peaks`).
+    fn exact_peak(&self, index: usize) -> Option<i64> {
+        matches!(self.layers[index], Layer::Tensors(_)).then(|| self.test_peaks[index])
+    }
+
     fn finish(self, started: Started) -> Report {
         let settings = self.settings;
         let judged = self.judged();
@@ -1021,9 +1058,10 @@ impl<'a> Run<'a> {
         let series = self.series(chosen);
         let host_heap_growth = self.host_heap_growth(&judged);
         let crate_root = self.crate_folder().map(|root| root.display().to_string());
+        let peak_bytes = self.exact_peak(chosen);
         let mut samples = self.samples;
         for (sample, levels) in samples.iter_mut().zip(&self.levels) {
-            sample.live_bytes = levels[chosen];
+            sample.live_bytes = levels[chosen] - self.start[chosen];
         }
         let threads_left_running =
             self.threads_at_start.as_ref().map(|at_start| crate::threads::left_running(at_start, &self.tracker)).unwrap_or_default();
@@ -1047,8 +1085,9 @@ impl<'a> Run<'a> {
             },
             setup_bytes: series.after_setup - series.start,
             warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
-            peak_bytes: self.test_peaks[body],
+            peak_bytes,
             samples,
+            thinned: None,
             before: self.before.as_ref().map(MemoryViews::from_snapshot),
             after: self.after.as_ref().map(MemoryViews::from_snapshot),
             attribution: self.attribution,
@@ -1069,6 +1108,7 @@ impl<'a> Run<'a> {
             verdict: self.verdicts[chosen].clone(),
         };
         report.hints = crate::report::hints::for_report(&report);
+        crate::report::series::thin(&mut report);
         report.elapsed = started.elapsed();
         report.harness_time.total = report.elapsed;
         report.harness_time.cuda_startup = crate::probe::cuda::startup_time().saturating_sub(started.cuda_startup);

@@ -216,7 +216,9 @@ pub struct Leak {
     /// The leak's rate: its exact step where the levels show one (see
     /// [`Leak::rate`]), else the average over the iterations.
     pub bytes_per_iteration: f64,
-    /// Measured iterations (1-based) after which the level reached a new high.
+    /// Measured iterations (1-based) after which the level reached a new
+    /// high; in the JSON as runs, `[first, last]`.
+    #[serde(with = "crate::report::series::runs")]
     pub growing_iterations: Vec<u32>,
     /// `(period, bytes)` where the level rose by exactly `bytes` every
     /// `period` iterations; `None` where the growth follows no exact pattern.

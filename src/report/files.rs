@@ -120,6 +120,15 @@ fn write_report_files(report: &Report, dir: &Path, plots: Plots) -> Result<Repor
         None
     };
     let plot_name = plot.as_ref().map(|_| format!("{stem}.svg"));
+    // A thinned report names the CSV that has every sample.
+    let mut report = report.clone();
+    if let Some(thinned) = &mut report.thinned {
+        let name = format!("{stem}.series.csv");
+        let path = dir.join(&name);
+        write_atomically(&path, thinned.csv.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        thinned.full_series = Some(name);
+    }
+    let report = &report;
     let text = json::to_json(report, plot_name.as_deref()).map_err(|e| format!("cannot serialise the report: {e}"))?;
     let json_path = dir.join(format!("{stem}.json"));
     write_atomically(&json_path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;

@@ -35,6 +35,24 @@ pub fn bytes(value: u64) -> String {
     format!("{} B", thousands(value))
 }
 
+/// A byte count short enough for a table cell: `"2.50 MiB"`, `"512 B"`;
+/// signed (`"+2.50 MiB"`) where `signed`. The exact figure goes beside it
+/// ([`bytes`]), as the cell's title.
+pub(crate) fn short_bytes(value: i64, signed: bool) -> String {
+    const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
+    let sign = match value {
+        v if v < 0 => "-",
+        v if v > 0 && signed => "+",
+        _ => "",
+    };
+    let magnitude = value.unsigned_abs();
+    UNITS
+        .iter()
+        .find(|(_, size)| magnitude as f64 >= *size)
+        .map(|(unit, size)| format!("{sign}{:.2} {unit}", magnitude as f64 / size))
+        .unwrap_or_else(|| format!("{sign}{} B", thousands(magnitude)))
+}
+
 /// Like [`bytes`] with a sign: `"+512 B"`, `"-1.00 KiB (1,024 B)"`, `"0 B"`.
 pub fn signed_bytes(value: i64) -> String {
     match value {

@@ -22,12 +22,15 @@ pub(super) struct IndexRow {
     stem: String,
     test: String,
     device: String,
+    /// The layer every figure of the row is about: the verdict's.
+    #[serde(default)]
+    layer: String,
     verdict: String,
     passed: bool,
     expected_failure: bool,
     retained_growth_bytes: i64,
     bytes_per_iteration: Option<f64>,
-    peak_bytes: i64,
+    peak_bytes: Option<i64>,
     site: Option<String>,
     /// Where a test keeps a memory baseline: its status and biggest change.
     #[serde(default)]
@@ -52,9 +55,11 @@ impl IndexRow {
             stem: stem.to_string(),
             test: report.test.clone(),
             device: device_name(report.verdict_device),
+            layer: report.verdict_layer.name().to_string(),
             verdict: report.verdict.label().to_string(),
             passed: report.passed(),
             expected_failure: report.expected_failure,
+            // Every figure of the row from the verdict's layer.
             retained_growth_bytes: report.retained_growth_bytes(),
             bytes_per_iteration,
             peak_bytes: report.peak_bytes,
@@ -277,8 +282,18 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         (true, _) => ("pass", r.verdict_label()),
     };
     let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
+    // Numbers short in their cells, exact in the cell's title.
+    let number = |short: String, exact: String| format!("<td class=\"n\" title=\"{}\">{}</td>", escape(&exact), escape(&short));
+    let growth = number(super::format::short_bytes(r.retained_growth_bytes, true), super::signed_bytes(r.retained_growth_bytes));
+    let rate = r.bytes_per_iteration.map(|rate| rate.round().max(0.0) as i64);
+    let rate = number(rate.map(|b| super::format::short_bytes(b, false)).unwrap_or_default(), rate.map(|b| super::bytes(b as u64)).unwrap_or_default());
+    let peak = match r.peak_bytes {
+        Some(p) => number(super::format::short_bytes(p.max(0), false), super::bytes(p.max(0) as u64)),
+        None => number("–".into(), "this layer is counted by level: no peak is kept".into()),
+    };
+    let place = if r.layer.is_empty() { r.device.clone() } else { r.layer.clone() };
     format!(
-        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
+        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td>{growth}{rate}{peak}<td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
         if current { "current" } else { "stale" },
         escape(&r.stem),
         escape(&r.run),
@@ -287,11 +302,8 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         u8::from(!r.passed && !r.expected_failure),
         escape(&r.stem),
         escape(&r.test),
-        escape(&r.device),
+        escape(&place),
         escape(&verdict) + if current { "" } else { " (stale)" },
-        super::signed_bytes(r.retained_growth_bytes),
-        r.bytes_per_iteration.map(super::format::per_iteration_bytes).unwrap_or_default(),
-        super::bytes(r.peak_bytes.max(0) as u64),
         escape(r.baseline.as_deref().unwrap_or("")),
         escape(r.site.as_deref().unwrap_or("")),
         escape(&r.stem),
@@ -353,9 +365,9 @@ fn render(rows: &[IndexRow], run: &str, rows_size: u64) -> String {
     let mut html = format!(
         "<!doctype html>\n{PAGE_MARK}{rows_size} bytes -->\n<meta charset=\"utf-8\">\n<title>gpu-leak-test reports</title>\n<style>\
          body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}\
-         .fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
+         td.n{{white-space:nowrap;text-align:right;font-variant-numeric:tabular-nums}}.fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
          <h1>gpu-leak-test reports</h1>\n<p id=\"run\">Latest run: {} tests, written up to <time data-unix=\"{latest}\">{}</time> (UTC): {}.{}</p>\n<table id=\"reports\" data-rendered=\"{}\">\n\
-         <tr><th>test</th><th>device</th><th>verdict</th><th>retained growth</th><th>per iteration</th><th>peak</th><th>baseline</th><th>site</th><th>plot</th><th>report</th></tr>\n",
+         <tr><th>test</th><th>layer</th><th>verdict</th><th>growth (judged window)</th><th>per iteration</th><th>peak</th><th>baseline</th><th>site</th><th>plot</th><th>report</th></tr>\n",
         rows.iter().filter(|r| current(r)).count(),
         utc(latest),
         if counts.is_empty() { "none".to_string() } else { counts.join(", ") },
@@ -395,12 +407,13 @@ mod tests {
             stem: stem.into(),
             test: stem.into(),
             device: "cpu".into(),
+            layer: "cpu".into(),
             verdict: "clean".into(),
             passed: true,
             expected_failure: false,
             retained_growth_bytes: 0,
             bytes_per_iteration: None,
-            peak_bytes: 0,
+            peak_bytes: Some(0),
             site: None,
             baseline: None,
             plot: None,

@@ -7,7 +7,7 @@ use super::Report;
 use serde::{Deserialize, Serialize};
 
 /// The version written in every report file.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// A report file as read back: the report's fields, and beside them the
 /// schema version, whether it passed, the retained growth and the plot.
@@ -18,7 +18,8 @@ pub struct ReportFile {
     pub schema_version: u32,
     /// The verdict passed.
     pub passed: bool,
-    /// Live bytes after the measured iterations minus before them.
+    /// In the verdict's layer: live bytes after the last measured (or
+    /// confirmation) iteration minus before the first.
     pub retained_growth_bytes: i64,
     /// File name of the SVG timeline beside the report, if one was written.
     pub plot: Option<String>,

@@ -7,12 +7,14 @@ pub mod index;
 pub(crate) mod hints;
 pub mod page;
 pub mod json;
+pub(crate) mod series;
 /// Public for the suite, which checks the colours the plots are drawn in.
 #[doc(hidden)]
 pub mod svg;
 pub(crate) mod text;
 
 pub use files::ReportFiles;
+pub use series::Thinned;
 pub use format::{bytes, signed_bytes, thousands};
 use crate::layer::device_serde;
 pub use json::ReportFile;
@@ -52,8 +54,8 @@ pub struct Sample {
     pub phase: Phase,
     /// 1-based within its phase.
     pub iteration: u32,
-    /// Exact live bytes on the device the verdict is about
-    /// ([`Report::verdict_device`]).
+    /// Exact live bytes in the layer the verdict is about
+    /// ([`Report::verdict_layer`]), above its level when the test began.
     pub live_bytes: i64,
     /// The caching allocator's allocated bytes on the body's device.
     pub allocated_bytes: Option<u64>,
@@ -145,8 +147,17 @@ pub struct DeviceResult {
     pub source: String,
     /// Its own verdict.
     pub verdict: Verdict,
-    /// Live bytes after each sample, aligned with [`Report::samples`].
+    /// Live bytes after each sample, above the level when the test began,
+    /// aligned with [`Report::samples`].
     pub levels: Vec<i64>,
+    /// Its level after the last measured (or confirmation) iteration minus
+    /// before the first.
+    #[serde(default)]
+    pub retained_growth_bytes: i64,
+    /// The most live bytes at once since the test began, where its source
+    /// keeps a peak (tensor layers).
+    #[serde(default)]
+    pub peak_bytes: Option<i64>,
     /// In thread scope: bytes per iteration the process-wide count grew by
     /// beyond what the counted threads explain, where it grew like a leak.
     pub unexplained_bytes_per_iteration: Option<f64>,
@@ -228,15 +239,23 @@ pub struct Report {
     pub settings: RunSettings,
     /// The verdict (on [`Report::verdict_device`]).
     pub verdict: Verdict,
-    /// Live bytes after setup, relative to before it (the setup form).
+    /// In the verdict's layer: live bytes after setup, relative to before
+    /// it (the setup form).
     pub setup_bytes: i64,
-    /// What the warm-up iterations kept (one-time state: optimizer moments,
-    /// workspaces, caches).
+    /// In the verdict's layer: what the warm-up iterations kept (one-time
+    /// state: optimizer moments, workspaces, caches).
     pub warmup_retained_bytes: i64,
-    /// Highest live bytes since the harness started (setup included).
-    pub peak_bytes: i64,
-    /// One sample after setup and after every iteration.
+    /// In the verdict's layer: the most live bytes at once since the test
+    /// began (setup included), where its source keeps a peak (tensor
+    /// layers); `None` for layers counted by level alone.
+    pub peak_bytes: Option<i64>,
+    /// One sample after setup and after every iteration; at most
+    /// 1,000 of them, where `thinned` says so.
     pub samples: Vec<Sample>,
+    /// Where the samples were thinned to keep the report small: how many
+    /// were taken, and the CSV file beside the report that has them all.
+    #[serde(default)]
+    pub thinned: Option<Thinned>,
     /// All views right before the first measured iteration.
     pub before: Option<MemoryViews>,
     /// All views after the last measured iteration.
@@ -317,12 +336,17 @@ impl Report {
         text::passing_line(self)
     }
 
-    /// Retained growth over the measured iterations (after minus before).
+    /// Retained growth in the verdict's layer over the judged window: its
+    /// level after the last measured (or confirmation) iteration minus
+    /// before the first.
     pub fn retained_growth_bytes(&self) -> i64 {
-        match (&self.before, &self.after) {
-            (Some(before), Some(after)) => after.live_bytes - before.live_bytes,
-            _ => 0,
-        }
+        self.judged(self.verdict_layer).map_or(0, |d| d.retained_growth_bytes)
+    }
+
+    /// The iterations the verdict judged: measured, then confirmation.
+    pub fn window(&self) -> (u32, u32) {
+        let count = |phase: Phase| self.samples.iter().filter(|s| s.phase == phase).count() as u32;
+        (count(Phase::Measure), count(Phase::Confirm))
     }
 
     /// The biggest allocation site in the verdict's layer, if attribution

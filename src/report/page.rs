@@ -62,23 +62,55 @@ fn settings_and_devices(report: &Report, html: &mut String) {
         html,
         "<h2>Settings</h2>\n<table id=\"settings\"><tr><th>warm-up</th><td>{}</td></tr><tr><th>measured</th><td>{}</td></tr>\
          <tr><th>threshold</th><td>{}</td></tr><tr><th>peak budget</th><td>{}</td></tr><tr><th>attribution</th><td>{}</td></tr></table>\n\
-         <h2>Layers judged</h2>\n<table id=\"devices\"><tr><th>layer</th><th>what it is</th><th>verdict</th></tr>\n",
+         <h2>Layers judged</h2>\n<p>{window}</p>\n<table id=\"devices\"><tr><th>layer</th><th>what it is</th><th>verdict</th><th>growth</th><th>per iteration</th><th>peak</th></tr>\n",
         s.warmup,
         s.iterations,
         bytes(s.threshold_bytes),
         s.peak_budget_bytes.map(bytes).unwrap_or_else(|| "none".into()),
         s.attribution_iterations,
+        window = escape(&window_words(report)),
     );
     for d in &report.devices {
+        let rate = match &d.verdict {
+            Verdict::Leak(leak) => format!("{}{}", per_iteration_bytes(leak.bytes_per_iteration), rate_words(leak.rate)),
+            Verdict::Suppressed { bytes_per_iteration, .. } | Verdict::WithinThreshold { bytes_per_iteration, .. } => {
+                per_iteration_bytes(*bytes_per_iteration)
+            }
+            _ => String::new(),
+        };
+        let mark = if d.layer == report.verdict_layer { " (this verdict)" } else { "" };
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}{mark}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&d.layer.name()),
             escape(d.layer.description()),
-            escape(&d.verdict.label().replace('_', " "))
+            escape(&d.verdict.label().replace('_', " ")),
+            signed_bytes(d.retained_growth_bytes),
+            escape(&rate),
+            d.peak_bytes.map(|p| bytes(p.max(0) as u64)).unwrap_or_else(|| "– (counted by level)".into()),
         );
     }
     html.push_str("</table>\n");
+}
+
+/// The iterations every growth figure is over.
+fn window_words(report: &Report) -> String {
+    let (measured, confirmation) = report.window();
+    let thinned = report
+        .thinned
+        .as_ref()
+        .map(|t| format!(" The timeline shows {} of {} samples; every sample is in {}.", report.samples.len(), t.samples_taken, t.full_series.as_deref().unwrap_or("the report's .series.csv file")))
+        .unwrap_or_default();
+    format!("Growth is over the judged window: {measured} measured and {confirmation} confirmation iterations.{thinned}")
+}
+
+/// How a leak's rate was found, for a table cell.
+fn rate_words(rate: crate::verdict::LeakRate) -> String {
+    match rate {
+        crate::verdict::LeakRate::ExactPattern => " (exact)".into(),
+        crate::verdict::LeakRate::LatestSteps { steps, .. } => format!(" (exact over the last {steps} iterations, after a one-off rise)"),
+        _ => " (average: no exact step)".into(),
+    }
 }
 
 fn views(report: &Report, html: &mut String) {
@@ -254,7 +286,8 @@ fn sites(report: &Report, html: &mut String) {
             per_iteration_bytes(site.bytes_per_iteration),
             site.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             escape(&site.layer.name()),
-            escape(&site.description),
+            escape(&site.description)
+                + &site.suppressed_by.as_ref().map(|reason| format!(" <i>(suppressed: {})</i>", escape(reason))).unwrap_or_default(),
             escape(&stack)
         );
     }

@@ -1,8 +1,10 @@
 //! The SVG timeline of one test: after each iteration, the change from the
-//! level before the first measured iteration of the exact live bytes (hook),
-//! the allocator's allocated and reserved bytes, and the driver's used bytes;
-//! the threshold as a line over the measured iterations; warm-up and
-//! attribution shaded.
+//! level before the first measured iteration of every judged layer's exact
+//! live bytes, with the allocator's allocated and reserved bytes on the same
+//! axis; the threshold as a line over the measured iterations; warm-up and
+//! attribution shaded. The axis is scaled to the exact layers and the
+//! threshold alone. The driver's used bytes, which other processes move, get
+//! a panel and an axis of their own below, and the legend sits under both.
 use crate::layer::device_name;
 use super::format::{escape_markup as escape};
 use super::Report;
@@ -10,11 +12,17 @@ use crate::verdict::Phase;
 use std::fmt::Write;
 
 const WIDTH: f64 = 860.0;
-const HEIGHT: f64 = 420.0;
 const LEFT: f64 = 110.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 56.0;
-const BOTTOM: f64 = 60.0;
+/// The main plot's height.
+const MAIN_H: f64 = 300.0;
+/// The driver's panel's height, and the space above it.
+const PANEL_H: f64 = 80.0;
+const PANEL_GAP: f64 = 56.0;
+/// Below a plot: iteration labels and the axis title.
+const X_LABELS: f64 = 44.0;
+const LEGEND_ROW: f64 = 18.0;
 
 /// The exact line's colour; the render test looks for it, as for the others.
 pub const LIVE_COLOR: &str = "#1f4e9c";
@@ -58,77 +66,98 @@ fn tick_label(value: f64, unit: f64, name: &str) -> String {
     }
 }
 
-/// What a layer's exact line shows.
-fn series_name(layer: crate::Layer) -> String {
-    match layer {
-        crate::Layer::HostObjects => "libtorch's host objects".to_string(),
-        crate::Layer::Tensors(device) => format!("tensors alive on {}", device_name(device)),
-        crate::Layer::OutsideLibtorch(device) => format!("driver allocations outside libtorch on {}", device_name(device)),
-    }
-}
-
-/// One line of the timeline: its legend name, colour, dash pattern, and
-/// value at each sample.
+/// One line of the timeline: its legend name, colour, dash pattern,
+/// value at each sample, and whether the axis is scaled to it (exact
+/// layers are; the allocator's views are drawn on their axis, clipped).
 struct Line<'a> {
     name: String,
     color: &'a str,
     dash: &'a str,
     values: Vec<Option<f64>>,
+    scales_axis: bool,
 }
 
-/// The lines the timeline draws: the verdict's exact line, every other
-/// judged layer's under it, and the allocator's and driver's views.
+/// The lines of the main plot: the verdict's exact line, every other
+/// judged layer's under it, and the allocator's views.
 fn lines(report: &Report) -> Vec<Line<'static>> {
     let samples = &report.samples;
     let view = |value: fn(&super::Sample) -> Option<u64>| samples.iter().map(|s| value(s).map(|v| v as f64)).collect();
     let mut lines = vec![
         Line {
-            name: format!("{} (exact)", series_name(report.verdict_layer)),
+            name: format!("{} (exact)", report.verdict_layer.plain_name()),
             color: LIVE_COLOR,
             dash: "",
             values: samples.iter().map(|s| Some(s.live_bytes as f64)).collect(),
+            scales_axis: true,
         },
-        Line { name: "allocator allocated".into(), color: ALLOCATED_COLOR, dash: "", values: view(|s| s.allocated_bytes) },
-        Line { name: "allocator reserved".into(), color: RESERVED_COLOR, dash: "8 4", values: view(|s| s.reserved_bytes) },
-        Line { name: "driver used".into(), color: DRIVER_COLOR, dash: "2 4", values: view(|s| s.driver_used_bytes) },
+        Line {
+            name: "allocator allocated (whole process)".into(),
+            color: ALLOCATED_COLOR,
+            dash: "",
+            values: view(|s| s.allocated_bytes),
+            scales_axis: false,
+        },
+        Line {
+            name: "allocator reserved (cached too)".into(),
+            color: RESERVED_COLOR,
+            dash: "8 4",
+            values: view(|s| s.reserved_bytes),
+            scales_axis: false,
+        },
     ];
     // One exact line per other judged device, drawn under the main one.
     let others = report.devices.iter().filter(|d| d.layer != report.verdict_layer && d.levels.len() == samples.len());
     for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
-        let name = format!("{} (exact, {})", series_name(d.layer), d.verdict.label());
-        lines.insert(1, Line { name, color, dash: "4 2", values: d.levels.iter().map(|&v| Some(v as f64)).collect() });
+        let name = format!("{} (exact, {})", d.layer.plain_name(), d.verdict.label());
+        let values = d.levels.iter().map(|&v| Some(v as f64)).collect();
+        lines.insert(1, Line { name, color, dash: "4 2", values, scales_axis: true });
     }
     lines
 }
 
-/// Where samples and values land on the canvas.
+/// The driver's used bytes (every process on the device), for the panel
+/// of its own; `None` where it was not read.
+fn driver_line(report: &Report) -> Option<Line<'static>> {
+    let values: Vec<Option<f64>> = report.samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect();
+    (values.iter().flatten().count() >= 2).then(|| Line {
+        name: "driver used (all processes; its own axis, below)".into(),
+        color: DRIVER_COLOR,
+        dash: "2 4",
+        values,
+        scales_axis: true,
+    })
+}
+
+/// Where samples and values land on the canvas: a plot `h` tall from `top`.
 struct Plot {
     /// Number of x positions (at least 2).
     n: usize,
     low: f64,
     high: f64,
+    top: f64,
+    h: f64,
 }
 
 impl Plot {
     const W: f64 = WIDTH - LEFT - RIGHT;
-    const H: f64 = HEIGHT - TOP - BOTTOM;
 
     /// A plot whose axis holds every value from sample `from` on (and the
-    /// threshold), at least 1 KiB tall, with a margin.
-    fn fitting(n: usize, values: &[Vec<Option<f64>>], from: usize, threshold: Option<f64>) -> Plot {
+    /// threshold), at least `least` tall, with a margin.
+    fn fitting(n: usize, values: &[&[Option<f64>]], from: usize, threshold: Option<f64>, least: f64, (top, h): (f64, f64)) -> Plot {
         let mut low = 0.0f64;
         let mut high = 0.0f64;
+        let mut seen = false;
         for v in values.iter().flat_map(|values| values[from.min(values.len())..].iter()).flatten().chain(threshold.iter()) {
-            low = low.min(*v);
-            high = high.max(*v);
+            (low, high) = if seen { (low.min(*v), high.max(*v)) } else { (*v, *v) };
+            seen = true;
         }
         // A flat run still gets a readable axis.
-        if high - low < 1024.0 {
+        if high - low < least {
             let middle = (high + low) / 2.0;
-            (low, high) = ((middle - 512.0).min(low), (middle + 512.0).max(high));
+            (low, high) = ((middle - least / 2.0).min(low), (middle + least / 2.0).max(high));
         }
         let pad = (high - low) * 0.08;
-        Plot { n: n.max(2), low: low - pad, high: high + pad }
+        Plot { n: n.max(2), low: low - pad, high: high + pad, top, h }
     }
 
     fn x(&self, i: usize) -> f64 {
@@ -136,33 +165,51 @@ impl Plot {
     }
 
     fn y(&self, v: f64) -> f64 {
-        TOP + Self::H * (1.0 - (v - self.low) / (self.high - self.low))
+        self.top + self.h * (1.0 - (v - self.low) / (self.high - self.low))
     }
+
+    fn bottom(&self) -> f64 {
+        self.top + self.h
+    }
+}
+
+/// Each line as its change since sample `base`.
+fn relative_to(line: &Line, base: usize) -> Vec<Option<f64>> {
+    let reference = line.values.get(base).copied().flatten();
+    line.values.iter().map(|v| v.zip(reference).map(|(v, b)| v - b)).collect()
 }
 
 /// Renders the timeline.
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let lines = lines(report);
+    let driver = driver_line(report);
     // Every line as its change since the sample before the first measured
     // iteration, so they share an axis and a small leak is not flattened by
     // what setup and warm-up allocated; earlier points are clipped.
     let measured_start = samples.iter().position(|s| s.phase == Phase::Measure);
     let base = measured_start.map_or(0, |i| i.saturating_sub(1));
-    let relative: Vec<Vec<Option<f64>>> = lines
-        .iter()
-        .map(|line| {
-            let reference = line.values.get(base).copied().flatten();
-            line.values.iter().map(|v| v.zip(reference).map(|(v, b)| v - b)).collect()
-        })
-        .collect();
+    let relative: Vec<Vec<Option<f64>>> = lines.iter().map(|line| relative_to(line, base)).collect();
     let threshold = measured_start.map(|_| report.settings.threshold_bytes as f64);
-    let plot = Plot::fitting(samples.len(), &relative, base, threshold);
+    let scaled: Vec<&[Option<f64>]> =
+        lines.iter().zip(&relative).filter(|(line, _)| line.scales_axis).map(|(_, values)| values.as_slice()).collect();
+    let plot = Plot::fitting(samples.len(), &scaled, base, threshold, 1024.0, (TOP, MAIN_H));
+    let driver = driver.map(|line| {
+        let values = relative_to(&line, base);
+        let panel = Plot::fitting(samples.len(), &[&values], base, None, 1024.0 * 1024.0, (plot.bottom() + X_LABELS + PANEL_GAP, PANEL_H));
+        (line, values, panel)
+    });
+    let below = driver.as_ref().map_or(plot.bottom(), |(_, _, panel)| panel.bottom()) + X_LABELS;
+    let mut entries = legend_entries(&lines, &relative, threshold.is_some());
+    if let Some((line, _, _)) = &driver {
+        entries.push((line.name.clone(), line.color));
+    }
+    let height = below + 12.0 + LEGEND_ROW * entries.len().div_ceil(2) as f64 + 10.0;
 
     let mut svg = String::new();
-    header(&mut svg, report);
+    header(&mut svg, report, height);
     phases(&mut svg, &plot, samples);
-    axes(&mut svg, &plot, samples);
+    axes(&mut svg, &plot, samples, true);
     if let (Some(t), Some(start)) = (threshold, measured_start) {
         let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
         let (x0, x1, y) = (plot.x(start.saturating_sub(1)), plot.x(end), plot.y(t));
@@ -171,27 +218,36 @@ pub fn timeline(report: &Report) -> String {
             r#"<line x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="2" stroke-dasharray="6 3"/>"#
         );
     }
-    polylines(&mut svg, &plot, &lines, &relative);
-    legend(&mut svg, &lines, &relative, threshold.is_some());
+    polylines(&mut svg, &plot, &lines, &relative, "plot");
+    if let Some((line, values, panel)) = &driver {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{LEFT}" y="{:.1}" fill="#555">driver used, all processes: other processes move it, so it has an axis of its own</text>"##,
+            panel.top - 10.0
+        );
+        let _ = writeln!(svg, r#"<clipPath id="panel"><rect x="{LEFT}" y="{}" width="{}" height="{}"/></clipPath>"#, panel.top, Plot::W, panel.h);
+        axes(&mut svg, panel, samples, false);
+        polylines(&mut svg, panel, std::slice::from_ref(line), std::slice::from_ref(values), "panel");
+    }
+    legend(&mut svg, &entries, below + 12.0);
     svg.push_str("</svg>\n");
     svg
 }
 
 /// The canvas, the title and the subtitle, and the clip path of the plot.
-fn header(svg: &mut String, report: &Report) {
-    let (plot_w, plot_h) = (Plot::W, Plot::H);
+fn header(svg: &mut String, report: &Report, height: f64) {
     let _ = writeln!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
+    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{height}" fill="white"/>"#);
     let title = format!("{} on {}: {}", report.test, device_name(report.device), report.verdict.label().replace('_', " "));
     let _ = writeln!(svg, r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#, escape(&title));
     let _ = writeln!(
         svg,
-        r##"<text x="{LEFT}" y="40" fill="#555">change after each iteration, from the level before the first measured one</text>"##
+        r##"<text x="{LEFT}" y="40" fill="#555">change after each iteration, from the level before the first measured one; axis scaled to the exact layers</text>"##
     );
-    let _ = writeln!(svg, r#"<clipPath id="plot"><rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/></clipPath>"#);
+    let _ = writeln!(svg, r#"<clipPath id="plot"><rect x="{LEFT}" y="{TOP}" width="{}" height="{MAIN_H}"/></clipPath>"#, Plot::W);
 }
 
 /// Shaded warm-up and attribution: half a step either side of their samples.
@@ -202,15 +258,15 @@ fn phases(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
         if let (Some(&a), Some(&b)) = (indices.first(), indices.last()) {
             let x0 = (plot.x(a) - half).max(LEFT);
             let x1 = (plot.x(b) + half).min(WIDTH - RIGHT);
-            let _ = writeln!(svg, r#"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{}" fill="{shade}"/>"#, x1 - x0, Plot::H);
-            let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#666">{label}</text>"##, (x0 + x1) / 2.0, TOP + 14.0);
+            let _ = writeln!(svg, r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{shade}"/>"#, plot.top, x1 - x0, plot.h);
+            let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#666">{label}</text>"##, (x0 + x1) / 2.0, plot.top + 14.0);
         }
     }
 }
 
-/// Axes and grid, at round values of a binary unit, and the iterations.
-fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
-    let plot_h = Plot::H;
+/// Axes and grid, at round values of a binary unit, and the iterations
+/// (with the axis title under the main plot).
+fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample], title: bool) {
     let (unit, unit_name, tick) = tick_step(plot.high - plot.low);
     let mut v = (plot.low / tick).ceil() * tick;
     while v <= plot.high {
@@ -220,24 +276,33 @@ fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
         let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, yy + 4.0, escape(&label));
         v += tick;
     }
-    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{:.1}" stroke="#333"/>"##, TOP + plot_h);
-    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##, TOP + plot_h, WIDTH - RIGHT, TOP + plot_h);
+    let bottom = plot.bottom();
+    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{}" x2="{LEFT}" y2="{bottom:.1}" stroke="#333"/>"##, plot.top);
+    let _ = writeln!(svg, r##"<line x1="{LEFT}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}" stroke="#333"/>"##, WIDTH - RIGHT);
     let step = (samples.len() / 16).max(1);
     for (i, s) in samples.iter().enumerate().step_by(step) {
         let label = match s.phase {
             Phase::Setup => "setup".to_string(),
             Phase::WarmUp => format!("w{}", s.iteration),
             Phase::Attribution => format!("a{}", s.iteration),
+            Phase::Confirm => format!("c{}", s.iteration),
             _ => s.iteration.to_string(),
         };
-        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, plot.x(i), TOP + plot_h + 18.0);
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, plot.x(i), bottom + 18.0);
     }
-    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration</text>"#, LEFT + Plot::W / 2.0, HEIGHT - 14.0);
+    if title {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration (w: warm-up, c: confirmation, a: attribution)</text>"#,
+            LEFT + Plot::W / 2.0,
+            bottom + 36.0
+        );
+    }
 }
 
 /// Driver first, the exact line last, so it is drawn on top; allocated is
 /// drawn wide, so where it equals the exact line it shows as a rim.
-fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Option<f64>>]) {
+fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Option<f64>>], clip: &str) {
     for (line, values) in lines.iter().zip(relative).rev() {
         let points: Vec<String> =
             values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", plot.x(i), plot.y(v)))).collect();
@@ -252,7 +317,7 @@ fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Opti
         let dash = if line.dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{}""#, line.dash) };
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="{width}"{dash} clip-path="url(#plot)" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{}" stroke-width="{width}"{dash} clip-path="url(#{clip})" points="{}"/>"#,
             line.color,
             points.join(" ")
         );
@@ -260,22 +325,27 @@ fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Opti
 }
 
 /// The names of the lines drawn (two points or more), and the threshold's.
-fn legend(svg: &mut String, lines: &[Line], relative: &[Vec<Option<f64>>], threshold: bool) {
-    let mut entries: Vec<(&str, &str)> = lines
+fn legend_entries(lines: &[Line<'static>], relative: &[Vec<Option<f64>>], threshold: bool) -> Vec<(String, &'static str)> {
+    let mut entries: Vec<(String, &'static str)> = lines
         .iter()
         .zip(relative)
         .filter(|(_, v)| v.iter().flatten().count() >= 2)
-        .map(|(line, _)| (line.name.as_str(), line.color))
+        .map(|(line, _)| (line.name.clone(), line.color))
         .collect();
     if threshold {
-        entries.push(("threshold", THRESHOLD_COLOR));
+        entries.push(("threshold (over the measured iterations)".into(), THRESHOLD_COLOR));
     }
-    let mut ly = TOP + 30.0;
-    for (name, color) in entries {
-        let lx = LEFT + 12.0;
+    entries
+}
+
+/// The legend, in two columns under the plots: it covers no data.
+fn legend(svg: &mut String, entries: &[(String, &str)], top: f64) {
+    let column = Plot::W / 2.0;
+    for (i, (name, color)) in entries.iter().enumerate() {
+        let lx = LEFT + column * (i % 2) as f64;
+        let ly = top + LEGEND_ROW * (i / 2) as f64 + 6.0;
         let _ = writeln!(svg, r#"<line x1="{lx}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/>"#, lx + 22.0);
-        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}">{name}</text>"#, lx + 28.0, ly + 4.0);
-        ly += 16.0;
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx + 28.0, ly + 4.0, escape(name));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The human-readable report: the panic message of a failing leak test.
 use crate::layer::device_name;
 use super::format::{bytes, per_iteration_bytes, signed_bytes, thousands};
-use super::{Report, Sample};
+use super::Report;
 use crate::verdict::{LeakRate, Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
 
@@ -555,43 +555,65 @@ fn signed_or_plain(value: i64) -> String {
     }
 }
 
-fn series_line(samples: &[Sample], out: &mut String) {
+/// Changes shown per phase at most: the first and last half of this many.
+const SHOWN_CHANGES: usize = 120;
+
+fn series_line(report: &Report, out: &mut String) {
+    let samples = &report.samples;
     if samples.is_empty() {
         return;
     }
-    let mut line = String::from("\n  Live bytes after each iteration (exact, change from the one before):");
+    let mut line = String::from("\n  Live bytes after each iteration (exact, in the verdict's layer; change from the one before, ×N: N times in a row):");
+    if let Some(thinned) = &report.thinned {
+        let full = report
+            .files
+            .as_ref()
+            .map(|files| format!("{}.series.csv", files.json.display().to_string().trim_end_matches(".json")))
+            .or_else(|| thinned.full_series.clone())
+            .unwrap_or_else(|| "the report's .series.csv file".into());
+        let _ = write!(
+            line,
+            "\n    ({} of {} samples shown, the first and last in full; every sample: {full})",
+            thousands(samples.len() as u64),
+            thousands(thinned.samples_taken as u64)
+        );
+    }
     let mut previous: Option<i64> = None;
-    let mut phase: Option<Phase> = None;
-    for sample in samples {
-        if phase != Some(sample.phase) {
-            let _ = write!(line, "\n    {:<13}", format!("{}:", sample.phase));
-            phase = Some(sample.phase);
-        }
-        match previous {
-            None => {
-                let _ = write!(line, " {}", signed_bytes(sample.live_bytes));
+    let mut i = 0;
+    while i < samples.len() {
+        let phase = samples[i].phase;
+        let _ = write!(line, "\n    {:<13}", format!("{phase}:"));
+        // This phase's changes, equal ones in a row as one entry.
+        let mut runs: Vec<(String, usize)> = Vec::new();
+        while i < samples.len() && samples[i].phase == phase {
+            let value = samples[i].live_bytes;
+            let entry = match previous {
+                None => signed_bytes(value),
+                Some(p) if value == p => "0".to_string(),
+                Some(p) => compact(value - p),
+            };
+            match runs.last_mut() {
+                Some((last, count)) if *last == entry && previous.is_some() => *count += 1,
+                _ => runs.push((entry, 1)),
             }
-            Some(p) => {
-                let delta = sample.live_bytes - p;
-                let _ = write!(line, " {}", if delta == 0 { "0".to_string() } else { compact(delta) });
-            }
+            previous = Some(value);
+            i += 1;
         }
-        previous = Some(sample.live_bytes);
+        let shown = |out: &mut String, runs: &[(String, usize)]| {
+            for (entry, count) in runs {
+                let _ = if *count > 1 { write!(out, " {entry} ×{}", thousands(*count as u64)) } else { write!(out, " {entry}") };
+            }
+        };
+        if runs.len() > SHOWN_CHANGES {
+            shown(&mut line, &runs[..SHOWN_CHANGES / 2]);
+            let _ = write!(line, " … {} more …", thousands((runs.len() - SHOWN_CHANGES) as u64));
+            shown(&mut line, &runs[runs.len() - SHOWN_CHANGES / 2..]);
+        } else {
+            shown(&mut line, &runs);
+        }
     }
     out.push_str(&line);
     out.push('\n');
-}
-
-/// A device's level before the first measured iteration and after the last
-/// measured or confirmation one.
-fn measured_span(report: &Report, levels: &[i64]) -> (i64, i64) {
-    let measured = |s: &Sample| matches!(s.phase, Phase::Measure | Phase::Confirm);
-    let first = report.samples.iter().position(measured);
-    let last = report.samples.iter().rposition(measured);
-    match (first, last) {
-        (Some(f), Some(l)) => (if f > 0 { levels[f - 1] } else { 0 }, levels[l]),
-        _ => (0, 0),
-    }
 }
 
 /// A signed byte count without the exact figure, for dense rows.
@@ -616,26 +638,32 @@ impl fmt::Display for Report {
         baseline_lines(self, &mut out);
         peak_site_lines(self, &mut out);
         views_table(self, &mut out);
-        series_line(&self.samples, &mut out);
-        if self.setup_bytes != 0 || self.warmup_retained_bytes != 0 {
+        series_line(self, &mut out);
+        if self.setup_bytes != 0 || self.warmup_retained_bytes != 0 || self.peak_bytes.is_some_and(|p| p != 0) {
+            let peak = self.peak_bytes.map(|p| format!(" Peak live: {}.", bytes(p.max(0) as u64))).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  Setup holds {}; warm-up kept {} (one-time state, not counted). Peak live: {}.",
+                "  In {}: setup holds {}; warm-up kept {} (one-time state, not counted).{peak}",
+                self.verdict_layer.plain_name(),
                 signed_bytes(self.setup_bytes),
                 signed_bytes(self.warmup_retained_bytes),
-                bytes(self.peak_bytes.max(0) as u64)
             );
         }
         if self.devices.len() > 1 {
-            let _ = writeln!(out, "\n  Judged per layer ({} scope):", self.scope);
+            let (measured, confirmation) = self.window();
+            let window = if confirmation > 0 {
+                format!("{measured} measured and {confirmation} confirmation iterations")
+            } else {
+                format!("{measured} measured iterations")
+            };
+            let _ = writeln!(out, "\n  Judged per layer ({} scope), growth over the {window}:", self.scope);
             for d in &self.devices {
-                let (first, last) = measured_span(self, &d.levels);
                 let _ = writeln!(
                     out,
-                    "    {:<12} {:<23} {:>26} over the measured iterations, counted by {}{}",
+                    "    {:<12} {:<23} {:>26}, counted by {}{}",
                     d.layer.name(),
                     d.verdict.label(),
-                    signed_bytes(last - first),
+                    signed_bytes(d.retained_growth_bytes),
                     d.source,
                     if d.layer == self.verdict_layer { "  <- this verdict" } else { "" }
                 );
