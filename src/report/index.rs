@@ -293,7 +293,7 @@ fn row_html(r: &IndexRow, current: bool) -> String {
     };
     let place = if r.layer.is_empty() { r.device.clone() } else { r.layer.clone() };
     format!(
-        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td>{}</td><td class=\"{class}\">{}</td>{growth}{rate}{peak}<td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
+        "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td class=\"l\">{}</td><td class=\"{class}\">{}</td>{growth}{rate}{peak}<td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
         if current { "current" } else { "stale" },
         escape(&r.stem),
         escape(&r.run),
@@ -365,7 +365,7 @@ fn render(rows: &[IndexRow], run: &str, rows_size: u64) -> String {
     let mut html = format!(
         "<!doctype html>\n{PAGE_MARK}{rows_size} bytes -->\n<meta charset=\"utf-8\">\n<title>gpu-leak-test reports</title>\n<style>\
          body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}\
-         td.n{{white-space:nowrap;text-align:right;font-variant-numeric:tabular-nums}}.fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
+         td.n{{white-space:nowrap;text-align:right;font-variant-numeric:tabular-nums}}td.l{{white-space:nowrap}}.fail{{color:#b00020;font-weight:bold}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}tr.stale{{color:#999}}</style>\n{PAGE_SCRIPT}\
          <h1>gpu-leak-test reports</h1>\n<p id=\"run\">Latest run: {} tests, written up to <time data-unix=\"{latest}\">{}</time> (UTC): {}.{}</p>\n<table id=\"reports\" data-rendered=\"{}\">\n\
          <tr><th>test</th><th>layer</th><th>verdict</th><th>growth (judged window)</th><th>per iteration</th><th>peak</th><th>baseline</th><th>site</th><th>plot</th><th>report</th></tr>\n",
         rows.iter().filter(|r| current(r)).count(),

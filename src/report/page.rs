@@ -21,7 +21,7 @@ pub fn render(report: &Report) -> String {
         html,
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>{test} - gpu-leak-test</title>\n<style>\
          body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}\
-         td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}}\
+         td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}}#devices td:nth-child(n+4){{white-space:nowrap}}\
          .fail{{color:#b00020}}.pass{{color:#1b7e2a}}.expected{{color:#7a5c00}}pre{{background:#f6f6f6;padding:8px;overflow-x:auto}}\
          .marker{{color:#b00020;font-weight:bold}}</style>\n\
          <p><a href=\"index.html\">all tests</a></p>\n<h1>{test}</h1>\n\
