@@ -25,6 +25,9 @@ pub(super) struct IndexRow {
     /// The layer every figure of the row is about: the verdict's.
     #[serde(default)]
     layer: String,
+    /// Where the body ran, where that is not the layer's device.
+    #[serde(default)]
+    body: Option<String>,
     verdict: String,
     passed: bool,
     expected_failure: bool,
@@ -56,6 +59,7 @@ impl IndexRow {
             test: report.test.clone(),
             device: device_name(report.verdict_device),
             layer: report.verdict_layer.name().to_string(),
+            body: (report.verdict_device != report.device).then(|| device_name(report.device)),
             verdict: report.verdict.label().to_string(),
             passed: report.passed(),
             expected_failure: report.expected_failure,
@@ -291,7 +295,11 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         Some(p) => number(super::format::short_bytes(p.max(0), false), super::bytes(p.max(0) as u64)),
         None => number("–".into(), "this layer is counted by level: no peak is kept".into()),
     };
-    let place = if r.layer.is_empty() { r.device.clone() } else { r.layer.clone() };
+    let layer = if r.layer.is_empty() { r.device.clone() } else { r.layer.clone() };
+    let place = match &r.body {
+        Some(body) => format!("{layer} (body on {body})"),
+        None => layer,
+    };
     format!(
         "<tr class=\"{}\" data-stem=\"{}\" data-run=\"{}\" data-written=\"{}\" data-verdict=\"{}\" data-failing=\"{}\"><td><a href=\"{}.html\">{}</a></td><td class=\"l\">{}</td><td class=\"{class}\">{}</td>{growth}{rate}{peak}<td>{}</td><td>{}</td><td>{plot}</td><td><a href=\"{}.json\">json</a></td></tr>\n",
         if current { "current" } else { "stale" },
@@ -408,6 +416,7 @@ mod tests {
             test: stem.into(),
             device: "cpu".into(),
             layer: "cpu".into(),
+            body: None,
             verdict: "clean".into(),
             passed: true,
             expected_failure: false,
