@@ -28,58 +28,32 @@ fn cuda_runtime_headers(lib_dir: &std::path::Path) -> Option<PathBuf> {
 /// table CI and scripts/env.sh read too.
 const SUPPORTED: &str = include_str!("libtorch-versions.tsv");
 
-/// `(major, minor, patch)` of the libtorch whose headers are in `include`,
-/// from `TORCH_VERSION_*` in its version header (libtorch 2.10 and older
-/// keep it under torch/csrc/api/include only).
-fn libtorch_version(include: &std::path::Path) -> Option<(u32, u32, u32)> {
+include!("build_support/libtorch_version.rs");
+
+/// Fails the build, naming the supported releases and what to do, where the
+/// libtorch whose headers are in `include` is not one a supported tch pins
+/// (see build_support/libtorch_version.rs). libtorch 2.10 and older keep
+/// the version header under torch/csrc/api/include only.
+fn check_libtorch(include: &std::path::Path, lib_dir: &std::path::Path) {
     let header = ["torch/headeronly/version.h", "torch/csrc/api/include/torch/version.h"]
         .iter()
-        .find_map(|sub| std::fs::read_to_string(include.join(sub)).ok())?;
-    let number = |name: &str| {
-        header.lines().find_map(|line| line.trim().strip_prefix("#define ")?.strip_prefix(name)?.trim().parse().ok())
-    };
-    Some((number("TORCH_VERSION_MAJOR ")?, number("TORCH_VERSION_MINOR ")?, number("TORCH_VERSION_PATCH ")?))
-}
-
-/// Fails the build, naming the range and what to do, where the libtorch
-/// found is not one a supported tch pins. The shim uses libtorch's internal
-/// C++ classes (allocator vtables, the debug-info stack), whose layout may
-/// change in any minor release: a build against one nobody ran could crash
-/// or, worse, count nothing. Patch releases keep those layouts, so a row's
-/// major.minor is what must match.
-fn check_supported(include: &std::path::Path, lib_dir: &std::path::Path) {
-    let rows: Vec<(&str, &str)> = SUPPORTED
-        .lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let mut columns = line.split('\t');
-            Some((columns.next()?, columns.next()?))
-        })
-        .collect();
-    let range = rows.iter().map(|(tch, libtorch)| format!("tch {tch} with libtorch {libtorch}")).collect::<Vec<_>>().join(", ");
-    let Some((major, minor, patch)) = libtorch_version(include) else {
+        .find_map(|sub| std::fs::read_to_string(include.join(sub)).ok());
+    let Some(version) = header.as_deref().and_then(parse_version_header) else {
         panic!(
             "gpu-leak-test: cannot read libtorch's version from the headers under {} (torch/headeronly/version.h). \
-             Supported: {range}. Point LIBTORCH (or LIBTORCH_USE_PYTORCH=1 with that PyTorch first on PATH) at one of \
-             those.",
+             Point LIBTORCH (or LIBTORCH_USE_PYTORCH=1 with that PyTorch first on PATH) at a libtorch of \
+             libtorch-versions.tsv.",
             include.display()
         )
     };
-    let minor_of = |version: &str| version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
-    let found = format!("{major}.{minor}");
-    if !rows.iter().any(|(_, libtorch)| minor_of(libtorch) == found) {
-        panic!(
-            "gpu-leak-test: libtorch {major}.{minor}.{patch} (found through torch-sys at {}) is not supported. \
-             Supported: {range}. Use the tch release that pins your libtorch, and the libtorch it pins: \
-             `pip install torch==VERSION` with LIBTORCH_USE_PYTORCH=1, LIBTORCH=/path/to/libtorch, or tch's \
-             `download-libtorch` feature. A newer tch than these needs a newer gpu-leak-test.",
-            lib_dir.display()
-        );
+    if let Err(message) = check_supported(SUPPORTED, version, &lib_dir.display().to_string()) {
+        panic!("{message}");
     }
 }
 
 fn main() {
     println!("cargo:rerun-if-changed=libtorch-versions.tsv");
+    println!("cargo:rerun-if-changed=build_support/libtorch_version.rs");
     for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp", "csrc/driver_calls.cpp"] {
         println!("cargo:rerun-if-changed={file}");
     }
@@ -100,7 +74,7 @@ fn main() {
         ),
     };
     let include = lib_dir.join("../include");
-    check_supported(&include, &lib_dir);
+    check_libtorch(&include, &lib_dir);
     let mut build = cc::Build::new();
     match cuda_runtime_headers(&lib_dir) {
         Some(cuda_include) => {

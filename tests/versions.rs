@@ -4,6 +4,13 @@
 //! loaded libtorch other than the one built against.)
 mod common;
 
+/// The check build.rs runs, on version headers of libtorch releases out
+/// of range.
+mod build_check {
+    #![allow(dead_code)]
+    include!("../build_support/libtorch_version.rs");
+}
+
 struct Row {
     tch: String,
     libtorch: String,
@@ -60,5 +67,27 @@ fn the_readme_names_every_supported_tch_and_its_pytorch() {
         let pin = format!("tch = \"={}\"", row.tch);
         assert!(readme.contains(&pin), "README.md does not show `{pin}`");
         assert!(readme.contains(&format!("torch=={}", row.libtorch)) || readme.contains(&row.libtorch), "README.md does not name PyTorch {}", row.libtorch);
+    }
+}
+
+#[test]
+fn a_libtorch_outside_the_table_fails_the_build_naming_the_supported_releases() {
+    let table = root_file("libtorch-versions.tsv");
+    let header = |minor: u32, patch: u32| {
+        format!("#pragma once\n#define TORCH_VERSION_MAJOR 2\n#define TORCH_VERSION_MINOR {minor}\n#define TORCH_VERSION_PATCH {patch}\n")
+    };
+    for (minor, patch) in [(10, 0), (12, 1), (14, 0), (15, 0)] {
+        let version = build_check::parse_version_header(&header(minor, patch)).unwrap();
+        let message = build_check::check_supported(&table, version, "/opt/libtorch/lib").unwrap_err();
+        assert!(message.contains(&format!("libtorch 2.{minor}.{patch} (found through torch-sys at /opt/libtorch/lib) is not supported")), "{message}");
+        for row in rows() {
+            assert!(message.contains(&format!("tch {} with libtorch {}", row.tch, row.libtorch)), "{message}");
+        }
+        assert!(message.contains("LIBTORCH_USE_PYTORCH=1") && message.contains("download-libtorch"), "{message}");
+    }
+    for row in rows() {
+        let (major, minor) = (2, minor(&row.libtorch));
+        assert_eq!(build_check::check_supported(&table, (major, minor, 0), "x"), Ok(()));
+        assert_eq!(build_check::check_supported(&table, (major, minor, 3), "x"), Ok(()), "patch releases keep the classes' layout");
     }
 }
