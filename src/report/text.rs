@@ -583,24 +583,25 @@ fn series_line(report: &Report, out: &mut String) {
     while i < samples.len() {
         let phase = samples[i].phase;
         let _ = write!(line, "\n    {:<13}", format!("{phase}:"));
-        // This phase's changes, equal ones in a row as one entry.
-        let mut runs: Vec<(String, usize)> = Vec::new();
+        // This phase's changes, exactly equal ones in a row as one entry.
+        let mut runs: Vec<(Option<i64>, String, usize)> = Vec::new();
         while i < samples.len() && samples[i].phase == phase {
             let value = samples[i].live_bytes;
-            let entry = match previous {
+            let change = previous.map(|p| value - p);
+            let entry = match change {
                 None => signed_bytes(value),
-                Some(p) if value == p => "0".to_string(),
-                Some(p) => compact(value - p),
+                Some(0) => "0".to_string(),
+                Some(delta) => compact(delta),
             };
             match runs.last_mut() {
-                Some((last, count)) if *last == entry && previous.is_some() => *count += 1,
-                _ => runs.push((entry, 1)),
+                Some((last, _, count)) if change.is_some() && *last == change => *count += 1,
+                _ => runs.push((change, entry, 1)),
             }
             previous = Some(value);
             i += 1;
         }
-        let shown = |out: &mut String, runs: &[(String, usize)]| {
-            for (entry, count) in runs {
+        let shown = |out: &mut String, runs: &[(Option<i64>, String, usize)]| {
+            for (_, entry, count) in runs {
                 let _ = if *count > 1 { write!(out, " {entry} ×{}", thousands(*count as u64)) } else { write!(out, " {entry}") };
             }
         };

@@ -67,6 +67,9 @@ fn a_kept_tensor_fails_naming_its_line() {
         })
         .expect("the leak test ran");
     assert!(!report.passed(), "a kept tensor is a leak:\n{report}");
-    let site = report.top_site().and_then(|site| site.location.clone());
-    assert_eq!(site, Some(format!("tests/leaks.rs:{line}")), "the site is the line that allocates\n{report}");
+    // Relative to the crate under `cargo test`; from an archive run in
+    // another folder, the build's path (a builder without `.location(..)`
+    // does not know the crate's folder at build time).
+    let site = report.top_site().and_then(|site| site.location.clone()).unwrap_or_default();
+    assert!(site.ends_with(&format!("tests/leaks.rs:{line}")), "the site is the line that allocates, not {site}\n{report}");
 }
