@@ -15,8 +15,8 @@ pub(crate) const KEPT_SAMPLES: usize = 1_000;
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Thinned {
-    /// Samples taken over the whole test; `samples` holds
-    /// [`KEPT_SAMPLES`] of them.
+    /// Samples taken over the whole test; the report's `samples` keep
+    /// about 1,000 of them.
     pub samples_taken: usize,
     /// The CSV file with every sample, once written (relative to the
     /// report's folder).
