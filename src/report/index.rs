@@ -213,6 +213,12 @@ pub(super) fn add_row(dir: &Path, row: IndexRow) -> Result<PathBuf, String> {
     }
 }
 
+/// A stem as `files::file_stem` makes them: a plain file name, so that
+/// `{stem}.json` stays inside the folder it is joined to.
+fn is_plain_stem(stem: &str) -> bool {
+    !stem.is_empty() && !stem.starts_with('.') && stem.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// Merges the report folders of several runners (nextest partitions) into
 /// `out`: every report file is copied, one row is kept per report (the
 /// newest where two folders have one), the rows of each folder's latest run
@@ -248,6 +254,18 @@ fn merge_into(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
             return Err(format!("cannot read {}: no such file (is {} a report folder?)", rows_path.display(), input.display()));
         }
         let rows = read_rows(&rows_path)?;
+        // A stem names files in the output folder: a path in it ("../x",
+        // "/etc/x") would copy over files outside it.
+        if let Some(bad) = rows.iter().find(|r| !is_plain_stem(&r.stem)) {
+            return Err(format!(
+                "{}: the row of `{}` has the stem {:?}, which is not a report's file name (letters, digits, `-`, `_` and \
+                 `.`, not starting with `.`); nothing was merged. Remove the row, or write the folder again with a \
+                 test run",
+                rows_path.display(),
+                bad.test,
+                bad.stem
+            ));
+        }
         let latest_run = rows.iter().max_by_key(|r| r.written_at).map(|r| r.run.clone());
         for mut row in rows {
             if Some(&row.run) == latest_run.as_ref() {
@@ -262,7 +280,7 @@ fn merge_into(out: &Path, inputs: &[PathBuf]) -> Result<usize, String> {
         }
     }
     for (stem, (_, folder)) in &by_stem {
-        for extension in ["json", "html", "svg"] {
+        for extension in ["json", "html", "svg", "series.csv"] {
             let from = folder.join(format!("{stem}.{extension}"));
             if from.is_file() {
                 std::fs::copy(&from, out.join(format!("{stem}.{extension}")))
@@ -479,6 +497,24 @@ mod tests {
         add_row(&dir, row("new", "1", 1)).unwrap();
         let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
         assert!(page.contains(PAGE_MARK) && !page.contains("older-format-row") && page.contains("1 tests"), "{page}");
+    }
+
+    #[test]
+    fn a_merge_refuses_a_stem_that_is_a_path_and_writes_nothing_outside_its_folder() {
+        let (input, out) = (scratch("merge_hostile_in"), scratch("merge_hostile_out"));
+        let victim = out.parent().unwrap().join("merge_hostile_victim.json");
+        std::fs::write(&victim, "keep me").unwrap();
+        add_row(&input, row("fine", "1", 1)).unwrap();
+        for stem in ["../merge_hostile_victim", "/tmp/merge_hostile_victim", "..", ".hidden", "a/b", ""] {
+            let rows = input.join("index.rows");
+            let hostile = serde_json::to_string(&IndexRow { stem: stem.into(), ..row("hostile", "1", 2) }).unwrap();
+            std::fs::write(&rows, format!("{}\n{hostile}\n", serde_json::to_string(&row("fine", "1", 1)).unwrap())).unwrap();
+            std::fs::write(input.join(format!("{}.json", stem.replace('/', "_"))), "{}").unwrap();
+            let err = merge_into(&out, std::slice::from_ref(&input)).unwrap_err();
+            assert!(err.contains("is not a report's file name") && err.contains(&format!("{stem:?}")), "{err}");
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me", "{stem}");
+        }
+        assert!(is_plain_stem("row1_keeps_losses.cuda0.011929d9"));
     }
 
     #[test]
