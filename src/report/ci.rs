@@ -91,7 +91,7 @@ pub fn summary_row(report: &Report, workspace: &Path) -> String {
     let page = report
         .files
         .as_ref()
-        .map(|files| format!("[report]({})", files.page.display()))
+        .map(|files| format!("[report]({})", link_target(&files.page.display().to_string())))
         .unwrap_or_default();
     let cell = |text: &str| text.replace('|', "\\|").replace('\n', " ");
     format!(
@@ -104,22 +104,51 @@ pub fn summary_row(report: &Report, workspace: &Path) -> String {
     )
 }
 
+/// A path as a Markdown link's target, on one line of a table row: what
+/// would end the link, the cell or the line is percent-encoded.
+fn link_target(path: &str) -> String {
+    path.chars()
+        .map(|c| match c {
+            ' ' | '\n' | '\r' | '(' | ')' | '|' | '<' | '>' | '`' | '[' | ']' => format!("%{:02X}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 const SUMMARY_HEADER: &str =
     "\n### gpu-leak-test: failing leak tests\n\n| test | verdict | where | site | page |\n| --- | --- | --- | --- | --- |\n";
+
+/// GitHub Actions shows at most 1 MiB of a step's summary: the header is
+/// looked for no further.
+const SUMMARY_READ_LIMIT: u64 = 1 << 20;
 
 /// Appends `row` to the job summary, with the table's header where this
 /// file has none yet. Tests append from many processes at once: the file
 /// is locked around the check and the write, so rows never interleave and
 /// the header is written once.
+///
+/// Only a regular file is written: a device or a pipe (`/dev/full`,
+/// `/dev/stdout` under a runner) is an error, which the caller shows as a
+/// warning, since reading one for the header could wait or grow forever.
+/// At most 1 MiB is read to find the header.
 pub fn append_summary_row(summary: &Path, row: &str) -> std::io::Result<()> {
+    use std::io::Read as _;
     use std::os::fd::AsRawFd as _;
+    match std::fs::metadata(summary) {
+        Ok(meta) if !meta.is_file() => {
+            return Err(std::io::Error::other(format!("{} is not a regular file; GITHUB_STEP_SUMMARY names one", summary.display())));
+        }
+        _ => {}
+    }
     let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(summary)?;
     // SAFETY: flock on a file descriptor this function owns; released when
     // the file closes.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let has_header = std::fs::read_to_string(summary).is_ok_and(|text| text.contains(SUMMARY_HEADER.trim_start()));
+    let mut head = Vec::new();
+    std::fs::File::open(summary)?.take(SUMMARY_READ_LIMIT).read_to_end(&mut head)?;
+    let has_header = String::from_utf8_lossy(&head).contains(SUMMARY_HEADER.trim_start());
     let text = if has_header { row.to_string() } else { format!("{SUMMARY_HEADER}{row}") };
     file.write_all(text.as_bytes())
 }
@@ -150,6 +179,19 @@ fn escape_property(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_folder_with_a_newline_or_a_bar_stays_one_link_in_one_cell() {
+        assert_eq!(link_target("/tmp/a b\nc|d(e).html"), "/tmp/a%20b%0Ac%7Cd%28e%29.html");
+    }
+
+    #[test]
+    fn a_summary_that_is_no_regular_file_is_an_error_at_once_not_a_read_without_end() {
+        let started = std::time::Instant::now();
+        let err = append_summary_row(Path::new("/dev/full"), "| row |\n").unwrap_err();
+        assert!(err.to_string().contains("/dev/full is not a regular file"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
 
     #[test]
     fn properties_escape_what_ends_them_and_messages_keep_one_line() {
