@@ -1,7 +1,8 @@
 //! Memory baselines, reviewed like snapshots: a test that opts in
 //! (`baseline = true`) keeps its memory figures per judged device in
-//! `memory-baselines/`, one small YAML file per test, device kind and
-//! libtorch version. A run compares its figures with the file; a figure
+//! `memory-baselines/`, one small YAML file per test (in its test binary),
+//! device kind and libtorch version. The file says whose it is, and a run
+//! uses only its own. A run compares its figures with the file; a figure
 //! above it by more than `baseline_tolerance_pct` fails the test.
 //! `GPU_LEAK_TEST_BASELINES=update` rewrites the files of the tests that
 //! ran, and the pull request's diff of the folder is the review.
@@ -9,6 +10,7 @@
 //! This file owns what a baseline is, where it lives and the comparison
 //! rule; the protocol measures the figures, the report shows them.
 use crate::error::InvalidValue;
+use crate::test_binary::TestBinary;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -132,9 +134,10 @@ pub struct FigureChange {
 }
 
 impl FigureChange {
-    /// Measured less baseline.
+    /// Measured less baseline (saturating: a report read back may hold
+    /// any figure).
     pub fn difference(&self) -> i64 {
-        self.measured_bytes - self.baseline_bytes
+        self.measured_bytes.saturating_sub(self.baseline_bytes)
     }
 
     /// The difference in percent of the baseline; `None` for a baseline of 0.
@@ -339,81 +342,152 @@ fn slug(text: &str) -> String {
     out.trim_end_matches('-').to_string()
 }
 
-/// The longest a test's part of a file name gets; longer names end in a
-/// hash of the whole name, so two never share a file.
-const TEST_NAME_CHARS: usize = 120;
+/// The longest the readable part of a file name gets; the hash after it
+/// keeps names apart.
+const READABLE_CHARS: usize = 120;
 
-/// The baseline file's name for `test` on `kind`:
-/// `article.loss_list.cpu.torch-2.11.0.yaml`.
-pub(crate) fn file_name(test: &str, kind: &DeviceKind) -> String {
-    let readable: String = test
-        .replace("::", ".")
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
-        .collect();
-    let readable = if readable.chars().count() > TEST_NAME_CHARS {
-        let head: String = readable.chars().take(TEST_NAME_CHARS).collect();
-        format!("{head}-{:08x}", crate::disk::fnv1a(test) as u32)
-    } else {
-        readable
-    };
-    format!("{readable}.{}.yaml", kind.file_part())
+/// Whose figures a baseline holds: a test in its test binary.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owner<'a> {
+    /// The test's name as the harness names it (`loss_list`).
+    pub(crate) test: &'a str,
+    /// The crate and binary it runs in.
+    pub(crate) binary: &'a TestBinary,
 }
 
-/// A baseline file as it is written: who, on what, and each device's
+/// The baseline file's name for `owner` on `kind`:
+/// `article.loss_list.3f9a61c2.cpu.torch-2.11.0.yaml`. The binary and test
+/// are there to be read; the hash of the crate, binary and full test name
+/// keeps apart every two tests, even where the readable part is the same
+/// (`бл_α` and `бл_β`, `naïve` and `na_ve`, one name in two binaries, two
+/// long names that share their start).
+pub(crate) fn file_name(owner: Owner<'_>, kind: &DeviceKind) -> String {
+    let readable: String = format!("{}.{}", owner.binary.binary, owner.test.replace("::", "."))
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .take(READABLE_CHARS)
+        .collect();
+    let hash = crate::disk::fnv1a(&format!("{}\0{}", owner.binary.identity(), owner.test)) as u32;
+    format!("{}.{hash:08x}.{}.yaml", readable.trim_matches('.'), kind.file_part())
+}
+
+/// A baseline file as it is written: whose, on what, and each device's
 /// figures. Field order is the file's.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     test: String,
+    package: String,
+    binary: String,
     device_kind: String,
     libtorch: String,
     devices: BTreeMap<String, Figures>,
 }
+
+impl File {
+    fn new(owner: Owner<'_>, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> File {
+        File {
+            test: owner.test.to_string(),
+            package: owner.binary.package.clone(),
+            binary: owner.binary.binary.clone(),
+            device_kind: kind.device.clone(),
+            libtorch: kind.libtorch.clone(),
+            devices: figures.clone(),
+        }
+    }
+
+    /// The first field that names another test or machine than `expected`
+    /// does: `(field, in the file, this run's)`.
+    fn mismatch(&self, expected: &File) -> Option<(&'static str, String, String)> {
+        [
+            ("test", &self.test, &expected.test),
+            ("package", &self.package, &expected.package),
+            ("binary", &self.binary, &expected.binary),
+            ("device_kind", &self.device_kind, &expected.device_kind),
+            ("libtorch", &self.libtorch, &expected.libtorch),
+        ]
+        .into_iter()
+        .find(|(_, theirs, ours)| theirs != ours)
+        .map(|(field, theirs, ours)| (field, theirs.clone(), ours.clone()))
+    }
+}
+
+/// No device holds a pebibyte: a figure above it was typed, not measured.
+const MOST_BYTES: i64 = 1 << 50;
 
 /// What the file says at its top, for whoever opens it in a diff.
 const HEADER: &str = "# gpu-leak-test memory baseline: exact live bytes above the level before setup.\n\
                       # Review it like a snapshot; rewrite it with GPU_LEAK_TEST_BASELINES=update.\n";
 
 /// The file's text: the same figures always give the same bytes.
-fn render(test: &str, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> String {
-    let file = File {
-        test: test.to_string(),
-        device_kind: kind.device.clone(),
-        libtorch: kind.libtorch.clone(),
-        devices: figures.clone(),
-    };
-    let yaml = serde_yaml::to_string(&file).expect("a baseline of strings and integers serializes");
+fn render(owner: Owner<'_>, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> String {
+    let yaml = serde_yaml::to_string(&File::new(owner, kind, figures)).expect("a baseline of strings and integers serializes");
     format!("{HEADER}{yaml}")
 }
 
-/// Writes the baseline of `test` at `path` atomically: a concurrent
+/// Writes the baseline of `owner` at `path` atomically: a concurrent
 /// reader sees the old file or the new one, and every test writes its own.
-pub(crate) fn write(path: &Path, test: &str, kind: &DeviceKind, figures: &BTreeMap<String, Figures>) -> std::result::Result<(), String> {
+pub(crate) fn write(
+    path: &Path,
+    owner: Owner<'_>,
+    kind: &DeviceKind,
+    figures: &BTreeMap<String, Figures>,
+) -> std::result::Result<(), String> {
     if let Some(folder) = path.parent() {
         crate::disk::create_folder(folder)?;
     }
-    crate::disk::write_atomically(path, render(test, kind, figures).as_bytes())
+    crate::disk::write_atomically(path, render(owner, kind, figures).as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// The figures in the baseline at `path`: `Ok(None)` where there is none,
-/// an error naming the file, the line and what to do where it cannot be
-/// used.
-pub(crate) fn read(path: &Path) -> std::result::Result<Option<BTreeMap<String, Figures>>, String> {
+/// The figures in the baseline of `owner` on `kind` at `path`: `Ok(None)`
+/// where there is none. Where it cannot be used (unreadable, another
+/// test's or machine's, a figure no device can hold) the error names the
+/// file, the line where it can, and what to do.
+pub(crate) fn read(path: &Path, owner: Owner<'_>, kind: &DeviceKind) -> std::result::Result<Option<BTreeMap<String, Figures>>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
+    let rewrite = format!("fix the file, or delete it and write it again with {MODE_VAR}=update");
     let file: File = serde_yaml::from_str(&text).map_err(|e| {
         let line = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
-        format!(
-            "{}{line}: {e}; fix the file, or delete it and write it again with {MODE_VAR}=update",
-            path.display()
-        )
+        format!("{}{line}: {e}; {rewrite}", path.display())
     })?;
+    let expected = File::new(owner, kind, &BTreeMap::new());
+    if let Some((field, theirs, ours)) = file.mismatch(&expected) {
+        return Err(format!(
+            "{}: its `{field}` is {theirs:?}, but this run's is {ours:?}: the file is the baseline of another test or \
+             machine, and is not compared. Delete it, or {rewrite}",
+            path.display()
+        ));
+    }
+    for (device, figures) in &file.devices {
+        for (figure, bytes) in figures.named() {
+            if !(0..=MOST_BYTES).contains(&bytes) {
+                let line = line_of(&text, device, figure).map(|l| format!(":{l}")).unwrap_or_default();
+                return Err(format!(
+                    "{}{line}: devices.{device}.{figure} is {bytes}, which no device holds (a figure is live bytes, from 0 \
+                     to {MOST_BYTES}); {rewrite}",
+                    path.display()
+                ));
+            }
+        }
+    }
     Ok(Some(file.devices))
+}
+
+/// The 1-based line that sets `figure` of `device` in a baseline's text: the
+/// first that names the figure at or after the one that names the device.
+fn line_of(text: &str, device: &str, figure: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let names_device = |line: &&str| {
+        let line = line.trim_start().trim_start_matches(['\'', '"']);
+        line.starts_with(device) && line[device.len()..].trim_start_matches(['\'', '"']).starts_with(':')
+    };
+    let from = lines.iter().position(names_device)?;
+    lines[from..].iter().position(|line| line.contains(figure)).map(|i| from + i + 1)
 }
 
 /// The one command that writes a missing or outdated baseline.
@@ -476,36 +550,107 @@ mod tests {
         assert_eq!(over.iter().map(|c| c.figure.as_str()).collect::<Vec<_>>(), ["test_peak_bytes", "after_warmup_bytes", "iteration_peak_bytes"]);
     }
 
+    fn binary(name: &str) -> TestBinary {
+        TestBinary { package: "downstream".into(), binary: name.into() }
+    }
+
+    fn cpu() -> DeviceKind {
+        DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() }
+    }
+
     #[test]
-    fn a_file_is_named_by_test_device_kind_and_libtorch_and_says_how_to_rewrite_it() {
+    fn a_file_is_named_by_binary_test_hash_device_kind_and_libtorch_and_says_how_to_rewrite_it() {
         let kind = DeviceKind { device: "NVIDIA H200 (sm_90)".into(), libtorch: "2.11.0".into() };
-        let name = file_name("article::loss_list::cuda", &kind);
-        assert_eq!(name, "article.loss_list.cuda.nvidia-h200-sm90.torch-2.11.0.yaml");
-        let cpu = DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() };
-        assert_eq!(file_name("weird name<1>", &cpu), "weird_name_1_.cpu.torch-2.11.0.yaml");
+        let article = binary("article");
+        let name = file_name(Owner { test: "loss_list::cuda", binary: &article }, &kind);
+        assert!(name.starts_with("article.loss_list.cuda.") && name.ends_with(".nvidia-h200-sm90.torch-2.11.0.yaml"), "{name}");
+        let name = file_name(Owner { test: "weird name<1>", binary: &article }, &cpu());
+        assert!(name.starts_with("article.weird_name_1_.") && name.ends_with(".cpu.torch-2.11.0.yaml"), "{name}");
         let long = "x".repeat(300);
-        let name = file_name(&long, &cpu);
-        assert!(name.len() < 200 && name.contains("-"), "{name}");
-        let text = render("t", &kind, &one("cuda:0", figures(1, 2, 3)));
+        let name = file_name(Owner { test: &long, binary: &article }, &cpu());
+        assert!(name.len() < 200, "{name}");
+        let text = render(Owner { test: "t", binary: &article }, &kind, &one("cuda:0", figures(1, 2, 3)));
         assert!(text.starts_with("# gpu-leak-test memory baseline") && text.contains("GPU_LEAK_TEST_BASELINES=update"), "{text}");
+        assert!(text.contains("binary: article") && text.contains("package: downstream"), "{text}");
+    }
+
+    #[test]
+    fn tests_whose_names_clean_alike_or_share_a_name_in_two_binaries_never_share_a_file() {
+        let (one_binary, other_binary) = (binary("leaks"), binary("other_leaks"));
+        let name = |test, binary| file_name(Owner { test, binary }, &cpu());
+        let names = [
+            name("бл_α", &one_binary),
+            name("бл_β", &one_binary),
+            name("bl_naïve", &one_binary),
+            name("bl_na_ve", &one_binary),
+            name("bl_plain", &one_binary),
+            name("bl_plain", &other_binary),
+            name(&format!("{}a", "x".repeat(300)), &one_binary),
+            name(&format!("{}b", "x".repeat(300)), &one_binary),
+        ];
+        let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:#?}");
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("glt-baseline-{}-{name}", std::process::id()));
+        dir.join(FOLDER).join("t.cpu.torch-2.11.0.yaml")
     }
 
     #[test]
     fn a_written_file_reads_back_and_the_same_figures_write_the_same_bytes() {
-        let dir = std::env::temp_dir().join(format!("glt-baseline-{}", std::process::id()));
-        let path = dir.join(FOLDER).join("t.cpu.torch-2.11.0.yaml");
-        let kind = DeviceKind { device: "cpu".into(), libtorch: "2.11.0".into() };
+        let path = scratch("roundtrip");
+        let (kind, article) = (cpu(), binary("article"));
+        let owner = Owner { test: "t", binary: &article };
         let devices = BTreeMap::from([("cpu".to_string(), figures(4096, 1024, 5120)), ("cuda:0".to_string(), figures(7, 8, 9))]);
-        assert_eq!(read(&path), Ok(None));
-        write(&path, "t", &kind, &devices).unwrap();
+        assert_eq!(read(&path, owner, &kind), Ok(None));
+        write(&path, owner, &kind, &devices).unwrap();
         let first = std::fs::read(&path).unwrap();
-        assert_eq!(read(&path), Ok(Some(devices.clone())));
-        write(&path, "t", &kind, &devices).unwrap();
+        assert_eq!(read(&path, owner, &kind), Ok(Some(devices.clone())));
+        write(&path, owner, &kind, &devices).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), first);
         std::fs::write(&path, "test: t\ndevices: {cpu: {iteration_peak_bytes: lots}}\n").unwrap();
-        let err = read(&path).unwrap_err();
+        let err = read(&path, owner, &kind).unwrap_err();
         assert!(err.contains("t.cpu.torch-2.11.0.yaml:") && err.contains("GPU_LEAK_TEST_BASELINES=update"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn a_file_that_names_another_test_binary_device_kind_or_libtorch_is_refused_by_name() {
+        let path = scratch("owner");
+        let (kind, article) = (cpu(), binary("article"));
+        let devices = one("cpu", figures(1, 2, 3));
+        write(&path, Owner { test: "bl_a", binary: &article }, &kind, &devices).unwrap();
+        let err = read(&path, Owner { test: "bl_b", binary: &article }, &kind).unwrap_err();
+        assert!(err.contains("`test` is \"bl_a\"") && err.contains("\"bl_b\"") && err.contains("t.cpu.torch-2.11.0.yaml"), "{err}");
+        let other = binary("detector");
+        let err = read(&path, Owner { test: "bl_a", binary: &other }, &kind).unwrap_err();
+        assert!(err.contains("`binary` is \"article\""), "{err}");
+        let newer = DeviceKind { libtorch: "2.13.0".into(), ..cpu() };
+        assert!(read(&path, Owner { test: "bl_a", binary: &article }, &newer).unwrap_err().contains("`libtorch` is \"2.11.0\""));
+        let gpu = DeviceKind { device: "NVIDIA H200 (sm_90)".into(), ..cpu() };
+        assert!(read(&path, Owner { test: "bl_a", binary: &article }, &gpu).unwrap_err().contains("`device_kind` is \"cpu\""));
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn a_negative_or_impossible_figure_is_refused_with_its_line_and_key_and_no_arithmetic_overflows() {
+        let path = scratch("figures");
+        let (kind, article) = (cpu(), binary("article"));
+        let owner = Owner { test: "t", binary: &article };
+        write(&path, owner, &kind, &one("cpu", figures(1, 2, 3))).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for bad in [-1, i64::MIN, MOST_BYTES + 1, i64::MAX] {
+            std::fs::write(&path, text.replace("after_warmup_bytes: 2", &format!("after_warmup_bytes: {bad}"))).unwrap();
+            let err = read(&path, owner, &kind).unwrap_err();
+            let line = text.lines().position(|l| l.contains("after_warmup_bytes")).unwrap() + 1;
+            assert!(err.contains(&format!("t.cpu.torch-2.11.0.yaml:{line}: devices.cpu.after_warmup_bytes is {bad}")), "{err}");
+        }
+        std::fs::write(&path, text.replace("after_warmup_bytes: 2", "after_warmup_bytes: 99999999999999999999")).unwrap();
+        assert!(read(&path, owner, &kind).unwrap_err().contains("t.cpu.torch-2.11.0.yaml:"));
+        let change = FigureChange { device: "cpu".into(), figure: "test_peak_bytes".into(), baseline_bytes: i64::MIN, measured_bytes: 5 };
+        assert_eq!(change.difference(), i64::MAX);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
     }
 
     #[test]

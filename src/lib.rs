@@ -18,6 +18,7 @@ mod protocol;
 mod refs;
 pub mod report;
 mod scope;
+mod test_binary;
 mod threads;
 mod verdict;
 

@@ -562,7 +562,9 @@ impl<'a> Run<'a> {
                 return;
             }
         };
-        let name = baseline::file_name(&self.test.name, &kind);
+        let binary = crate::test_binary::TestBinary::current();
+        let owner = baseline::Owner { test: &self.test.name, binary: &binary };
+        let name = baseline::file_name(owner, &kind);
         let crate_folder = self.crate_folder();
         let Some(folder) = settings.baseline_dir.clone().or_else(|| crate_folder.as_ref().map(|c| c.join(baseline::FOLDER))) else {
             let reason = "the crate's folder is unknown here (no CARGO_MANIFEST_DIR); set baseline_dir".into();
@@ -576,11 +578,11 @@ impl<'a> Run<'a> {
             .unwrap_or_else(|| path.display().to_string());
         let mut outcome = BaselineOutcome::new(file.clone(), &kind, settings.baseline_tolerance_pct, self.baseline_figures());
         match settings.baselines {
-            BaselineMode::Update => match baseline::write(&path, &self.test.name, &kind, &outcome.measured) {
+            BaselineMode::Update => match baseline::write(&path, owner, &kind, &outcome.measured) {
                 Ok(()) => outcome.status = BaselineStatus::Written,
                 Err(why) => return self.fail_baseline(body, file, why),
             },
-            mode => match baseline::read(&path) {
+            mode => match baseline::read(&path, owner, &kind) {
                 Err(why) => return self.fail_baseline(body, file, why),
                 Ok(None) if mode == BaselineMode::Require => {
                     let reason = format!(

@@ -94,7 +94,7 @@ fn require_fails_a_test_without_a_baseline_and_says_the_one_command_that_writes_
     let line = LineMark::default();
     let report = step(harness("baselines::required", device, &root, BaselineMode::Require, 5.0), 1_000, &line);
     let Verdict::NoBaseline { file, reason } = &report.verdict else { panic!("{report}") };
-    assert!(file.contains("/memory-baselines/baselines.required."), "{file}");
+    assert!(file.contains("/memory-baselines/baselines.baselines.required."), "{file}");
     assert!(reason.contains("`GPU_LEAK_TEST_BASELINES=update cargo test -- baselines::required`"), "{reason}");
     assert!(!report.passed());
     assert!(!common::manifest_dir().join(file).exists());
@@ -169,7 +169,36 @@ fn a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it(de
     assert!(grown.hints.iter().any(|h| h.starts_with("the level after warm-up is the model")), "{:?}", grown.hints);
 }
 
+/// `бл_α` and `бл_β` (and `naïve` and `na_ve`) once shared one file and
+/// passed or failed against each other's figures. Each keeps its own, and a
+/// file that names another test fails the run naming the file.
+fn tests_whose_names_clean_alike_keep_their_own_baselines_and_a_file_of_another_test_is_refused(device: &str) {
+    let root = scratch("alike", device);
+    let line = LineMark::default();
+    let pairs = [("baselines::бл_α", 100_000), ("baselines::бл_β", 10_000), ("baselines::bl_naïve", 50_000), ("baselines::bl_na_ve", 5_000)];
+    let mut files = Vec::new();
+    for (name, floats) in pairs {
+        let written = step(harness(name, device, &root, BaselineMode::Update, 0.0), floats, &line);
+        files.push(written.baseline.as_ref().unwrap().file.clone());
+    }
+    files.dedup();
+    assert_eq!(files.len(), pairs.len(), "{files:?}");
+    for (name, floats) in pairs {
+        let checked = step(harness(name, device, &root, BaselineMode::Check, 5.0), floats, &line);
+        assert!(checked.passed(), "{checked}");
+        assert_eq!(checked.baseline.as_ref().unwrap().status, BaselineStatus::Within, "{checked}");
+    }
+    // Another test's file copied over this one's: refused, not compared.
+    let path = |i: usize| common::manifest_dir().join(&files[i]);
+    std::fs::copy(path(1), path(0)).unwrap();
+    let refused = step(harness(pairs[0].0, device, &root, BaselineMode::Check, 5.0), pairs[0].1, &line);
+    let Verdict::NoBaseline { file, reason } = &refused.verdict else { panic!("{refused}") };
+    assert_eq!(file, &files[0]);
+    assert!(reason.contains("`test` is \"baselines::бл_β\"") && reason.contains("another test"), "{reason}");
+}
+
 on_each_device!(
+    tests_whose_names_clean_alike_keep_their_own_baselines_and_a_file_of_another_test_is_refused,
     a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it,
     a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_update_accepts_it,
     require_fails_a_test_without_a_baseline_and_says_the_one_command_that_writes_it,

@@ -60,23 +60,6 @@ fn workspace_root_at_run_time() -> Option<PathBuf> {
 /// hash after it keeps names unique.
 const READABLE_NAME_CHARS: usize = 100;
 
-/// The crate and test binary a report comes from: two tests named alike in
-/// two binaries or crates must not share a file. `CARGO_PKG_NAME` is set at
-/// run time by cargo and nextest; the binary is this executable's name
-/// without cargo's hash.
-fn test_binary_identity() -> String {
-    let package = std::env::var("CARGO_PKG_NAME").unwrap_or_default();
-    let binary = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .map(|stem| match stem.rsplit_once('-') {
-            Some((name, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
-            _ => stem,
-        })
-        .unwrap_or_default();
-    format!("{package}\0{binary}")
-}
-
 /// A file name for a test on a device (`row1_keeps_losses.cuda0.3f9a61c2`):
 /// the readable test name (letters, digits, `-`, `_`, shortened), the device
 /// (the same test runs on the CPU and on CUDA), and a hash of the crate, the
@@ -84,7 +67,7 @@ fn test_binary_identity() -> String {
 /// after cleaning (`_x` and `x`, two Unicode names, two tests of one name in
 /// two binaries) and long names never share a file.
 pub fn file_stem(test: &str, device: &str) -> String {
-    file_stem_in(&test_binary_identity(), test, device)
+    file_stem_in(&crate::test_binary::TestBinary::current().identity(), test, device)
 }
 
 /// [`file_stem`] for a test binary named by `identity`.
