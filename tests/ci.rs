@@ -59,7 +59,7 @@ fn a_failing_leak_test_annotates_its_line_and_adds_a_summary_row() {
         .into_iter()
         .find_map(std::env::var_os)
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-leak-test-annotate").into());
-    let annotate = Command::new(annotate_exe)
+    let annotate = Command::new(&annotate_exe)
         .arg(&reports)
         .env("GITHUB_WORKSPACE", &workspace)
         .output()
@@ -67,6 +67,20 @@ fn a_failing_leak_test_annotates_its_line_and_adds_a_summary_row() {
     let printed = String::from_utf8_lossy(&annotate.stdout);
     assert!(annotate.status.success(), "{printed}");
     assert_eq!(printed.trim_end(), expected);
+
+    // The failing report cut short (a runner killed mid-write, a disk
+    // full): named, and the step fails rather than say "0 annotated".
+    let report = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .unwrap();
+    let text = std::fs::read(&report).unwrap();
+    std::fs::write(&report, &text[..text.len() / 2]).unwrap();
+    let cut = Command::new(&annotate_exe).arg(&reports).env("GITHUB_WORKSPACE", &workspace).output().unwrap();
+    let said = String::from_utf8_lossy(&cut.stderr);
+    assert_eq!(cut.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("cannot read the report {}", report.display())) && said.contains("the index says this test failed"), "{said}");
     let _ = std::fs::remove_dir_all(&scratch);
 }
 

@@ -4,7 +4,10 @@
 //! memory. For a step after `cargo nextest run`, which indents what tests
 //! print, so their own annotations do not reach the log at the start of a
 //! line. Paths are from `GITHUB_WORKSPACE`, else the current folder.
-use gpu_leak_test::report::{ci, json};
+//!
+//! Every report it cannot read is named; it exits 1 where one of them may
+//! be a failing test's (the folder's index does not say it passed).
+use gpu_leak_test::report::ci;
 use std::path::PathBuf;
 
 fn main() {
@@ -17,27 +20,29 @@ fn main() {
         .filter(|w| !w.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
-    let mut failing = 0;
+    let mut found = ci::Annotations::default();
     for dir in &dirs {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(why) => {
-                eprintln!("gpu-leak-test-annotate: {}: {why}", dir.display());
-                std::process::exit(1);
-            }
-        };
-        let mut paths: Vec<PathBuf> =
-            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
-        paths.sort();
-        for path in paths {
-            let Ok(text) = std::fs::read_to_string(&path) else { continue };
-            // Other JSON beside the reports (none is written today) is not a report.
-            let Ok(file) = json::from_json(&text) else { continue };
-            if let Some(annotation) = ci::annotation(&file.report, &workspace) {
-                println!("{annotation}");
-                failing += 1;
-            }
+        if let Err(why) = ci::annotate_dir(dir, &workspace, &mut found) {
+            eprintln!("gpu-leak-test-annotate: cannot list {}: {why}", dir.display());
+            std::process::exit(1);
         }
     }
-    eprintln!("gpu-leak-test-annotate: {failing} failing leak tests annotated");
+    for line in &found.lines {
+        println!("{line}");
+    }
+    eprintln!("gpu-leak-test-annotate: {} failing leak tests annotated", found.lines.len());
+    for (path, why, failed) in &found.unreadable {
+        let known = match failed {
+            Some(true) => "the index says this test failed",
+            Some(false) => "the index says this test passed",
+            None => "the index does not list it",
+        };
+        eprintln!("gpu-leak-test-annotate: cannot read the report {} ({why}); {known}", path.display());
+    }
+    if found.may_hide_a_failure() {
+        eprintln!(
+            "gpu-leak-test-annotate: a report it could not read may hold a failure; run the tests again to write it whole"
+        );
+        std::process::exit(1);
+    }
 }

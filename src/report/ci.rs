@@ -81,6 +81,51 @@ pub fn annotation(report: &Report, workspace: &Path) -> Option<String> {
     Some(format!("::error {place}title={}::{}", escape_property(&report.test), escape_data(&headline(report))))
 }
 
+/// What `gpu-leak-test-annotate` found in report folders.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Annotations {
+    /// One workflow command per failing report, in file order.
+    pub lines: Vec<String>,
+    /// Each `.json` that could not be read as a report, with why, and
+    /// whether the folder's index says that report failed (`None`: the
+    /// index does not list it).
+    pub unreadable: Vec<(PathBuf, String, Option<bool>)>,
+}
+
+impl Annotations {
+    /// A report that could not be read and was not known to pass: a
+    /// failure may be hidden in it, so the step must fail.
+    pub fn may_hide_a_failure(&self) -> bool {
+        self.unreadable.iter().any(|(_, _, failed)| *failed != Some(false))
+    }
+}
+
+/// Reads every report (`*.json`) in `dir` and collects the annotations of
+/// the failing ones, and every file it could not read. An error names the
+/// folder that could not be listed.
+pub fn annotate_dir(dir: &Path, workspace: &Path, found: &mut Annotations) -> std::io::Result<()> {
+    let failed_by_stem = super::index::failed_by_stem(dir);
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let read = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| super::json::from_json(&text).map_err(|e| e.to_string()));
+        match read {
+            Ok(file) => found.lines.extend(annotation(&file.report, workspace)),
+            Err(why) => {
+                let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                found.unreadable.push((path, why, failed_by_stem.get(&stem).copied()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The job summary's row for a failing report.
 pub fn summary_row(report: &Report, workspace: &Path) -> String {
     let verdict = match &report.verdict {
@@ -191,6 +236,28 @@ mod tests {
         let err = append_summary_row(Path::new("/dev/full"), "| row |\n").unwrap_err();
         assert!(err.to_string().contains("/dev/full is not a regular file"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_unreadable_report_is_named_and_fails_the_step_unless_the_index_says_it_passed() {
+        let dir = std::env::temp_dir().join(format!("glt-annotate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cut.cpu.00000001.json"), "{\"schema\": 3, \"report\": {\"test\": \"cu").unwrap();
+        let mut found = Annotations::default();
+        annotate_dir(&dir, &dir, &mut found).unwrap();
+        assert!(found.lines.is_empty());
+        assert_eq!(found.unreadable.len(), 1);
+        assert!(found.unreadable[0].0.ends_with("cut.cpu.00000001.json") && found.unreadable[0].2.is_none());
+        assert!(found.may_hide_a_failure());
+        // The index says it passed: named, but no failure is hidden.
+        let row = r#"{"stem":"cut.cpu.00000001","test":"cut","device":"cpu","verdict":"clean","passed":true,"expected_failure":false,"retained_growth_bytes":0,"bytes_per_iteration":null,"peak_bytes":null,"site":null,"plot":null,"run":"r","written_at":0}"#;
+        std::fs::write(dir.join("index.rows"), format!("{row}\n")).unwrap();
+        let mut found = Annotations::default();
+        annotate_dir(&dir, &dir, &mut found).unwrap();
+        assert_eq!(found.unreadable[0].2, Some(false));
+        assert!(!found.may_hide_a_failure());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -171,6 +171,16 @@ fn read_rows(path: &Path) -> Result<Vec<IndexRow>, String> {
     Ok(newest_per_report(text.lines().filter_map(|line| serde_json::from_str(line).ok())))
 }
 
+/// Whether each report the folder's index lists failed (its newest row),
+/// by file stem; empty where there is no readable index.
+pub(super) fn failed_by_stem(dir: &Path) -> BTreeMap<String, bool> {
+    read_rows(&dir.join("index.rows"))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|row| (row.stem, !row.passed && !row.expected_failure))
+        .collect()
+}
+
 /// Keeps the last row of each report (rows come oldest first).
 fn newest_per_report(rows: impl IntoIterator<Item = IndexRow>) -> Vec<IndexRow> {
     let mut order: Vec<String> = Vec::new();
