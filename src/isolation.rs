@@ -24,11 +24,18 @@
 //! from `module_path!()` and its own macro; here the name is libtest's own
 //! (the test thread's), rstest cases included, and the verdict must travel
 //! back as data, not as an exit code, so `#[should_panic]` keeps working.
+//!
+//! The child dies with its parent (`PR_SET_PDEATHSIG`, so a runner that
+//! cancels the job with SIGTERM leaves no test running on), and talks to it
+//! through pipes only: its output, relayed line by line as it comes, and its
+//! verdict on a descriptor of its own. No file is left behind, whatever
+//! kills either process, and `TMPDIR` plays no part.
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-/// Set in a child to the file its verdict goes to.
+/// Set in a child to the descriptor its verdict goes to (`fd:N`).
 const CHILD_VAR: &str = "GPU_LEAK_TEST_CHILD_RESULT";
 
 /// How the child's test ended, as it writes it for the parent.
@@ -45,16 +52,39 @@ pub(crate) fn is_child() -> bool {
     std::env::var_os(CHILD_VAR).is_some()
 }
 
+/// The verdict's descriptor in a child.
+fn verdict_fd() -> Option<i32> {
+    std::env::var(CHILD_VAR).ok()?.strip_prefix("fd:")?.parse().ok()
+}
+
+/// In a child, as the test starts: the verdict's descriptor is not handed
+/// on to what the test itself starts, so a process the test leaves running
+/// cannot keep the parent waiting for the verdict to end.
+pub(crate) fn keep_verdict_descriptor_to_this_process() {
+    if let Some(fd) = verdict_fd() {
+        // SAFETY: sets a flag on a descriptor the parent opened for this
+        // process; an invalid one makes fcntl fail, which changes nothing.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}
+
 /// In a child: writes the outcome for the parent and ends the process
 /// without unwinding, so libtest prints nothing after it and the parent's
 /// relay carries the test's own output only. Returns where this is no child.
 pub(crate) fn finish_child(outcome: &ChildOutcome) {
-    let Some(path) = std::env::var_os(CHILD_VAR) else { return };
-    let written = serde_json::to_vec(outcome).map_err(|e| e.to_string()).and_then(|json| {
-        // Written beside and renamed, so the parent never reads half a file.
-        let partial = PathBuf::from(format!("{}.partial", Path::new(&path).display()));
-        std::fs::write(&partial, json).and_then(|()| std::fs::rename(&partial, &path)).map_err(|e| e.to_string())
-    });
+    if !is_child() {
+        return;
+    }
+    let written = match verdict_fd() {
+        Some(fd) => serde_json::to_vec(outcome).map_err(|e| e.to_string()).and_then(|json| {
+            // SAFETY: the parent opened this descriptor for the verdict and
+            // nothing else in this process uses it; it is written once, and
+            // closed as the process ends.
+            let mut pipe = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+            pipe.write_all(&json).map_err(|e| e.to_string())
+        }),
+        None => Err(format!("{CHILD_VAR} names no descriptor")),
+    };
     let ok = written.is_ok();
     if let Err(why) = written {
         eprintln!("gpu-leak-test: could not hand the verdict to the parent process ({why})");
@@ -77,68 +107,176 @@ pub(crate) fn child_test_name(libtest_name: Option<&str>, runner: crate::scope::
     libtest_name.map(str::to_string)
 }
 
+/// How often the relay looks whether the child has ended.
+const POLL_MS: i32 = 50;
+
 /// Runs the test `name` of this test binary in a process of its own and
-/// relays its output. Returns the child's outcome; `None` where the binary
-/// has no libtest test of that name (it ran none); or why the child ended
-/// without a verdict (its exit status and output).
+/// relays its output as it comes. Returns the child's outcome; `None` where
+/// the binary has no libtest test of that name (it ran none); or why the
+/// child ended without a verdict (its exit status and output).
 pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the test binary's path is unknown ({e})"))?;
-    let scratch = Scratch::new();
-    let output = std::fs::File::create(&scratch.output).map_err(|e| format!("{}: {e}", scratch.output.display()))?;
-    let stderr = output.try_clone().map_err(|e| e.to_string())?;
-    let status = Command::new(&exe)
+    let pipe_error = |e: std::io::Error| format!("could not open a pipe to this test's own process ({e})");
+    let (output, output_writer) = std::io::pipe().map_err(pipe_error)?;
+    let (verdict, verdict_writer) = std::io::pipe().map_err(pipe_error)?;
+    let verdict_fd = verdict_writer.as_raw_fd();
+    let parent = std::process::id() as libc::pid_t;
+    let mut command = Command::new(&exe);
+    command
         .args([name, "--exact", "--test-threads=1", "--nocapture", "--include-ignored"])
-        .env(CHILD_VAR, &scratch.result)
+        .env(CHILD_VAR, format!("fd:{verdict_fd}"))
         .stdin(Stdio::null())
-        .stdout(output)
-        .stderr(stderr)
-        .status()
-        .map_err(|e| format!("could not start {} for this test ({e})", exe.display()))?;
-    let mut text = String::new();
-    let _ = std::fs::File::open(&scratch.output).and_then(|mut f| f.read_to_string(&mut text));
-    let verdict = std::fs::read(&scratch.result);
-    if verdict.is_err() && status.success() && text.lines().any(|line| line == "running 0 tests") {
+        .stdout(output_writer.try_clone().map_err(pipe_error)?)
+        .stderr(output_writer);
+    // SAFETY: between fork and exec the closure makes only async-signal-safe
+    // calls (prctl, getppid, fcntl, _exit) and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            // Dies with the thread that started it, which waits for it.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the line above: then no
+            // signal comes, and this process must not run on alone.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            // The verdict's write end, open in the child only.
+            if libc::fcntl(verdict_fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let mut child = command.spawn().map_err(|e| format!("could not start {} for this test ({e})", exe.display()))?;
+    // The parent's copies of the write ends: the pipes end with the child.
+    drop(command);
+    drop(verdict_writer);
+    let mut relay = Relay::new(name);
+    let mut verdict_bytes = Vec::new();
+    let status = pump(&mut child, output, verdict, |bytes| relay.feed(bytes), &mut verdict_bytes)
+        .map_err(|e| format!("lost the output of this test's own process ({e})"))?;
+    relay.finish();
+    if verdict_bytes.is_empty() && status.success() && relay.ran_no_test {
         return Ok(None);
     }
-    let relayed = without_libtest_lines(&text, name);
-    // print! goes to libtest's capture: shown on failure or with --nocapture.
-    print!("{relayed}");
-    match verdict {
-        Ok(json) => serde_json::from_slice(&json).map(Some).map_err(|e| format!("its verdict could not be read ({e})")),
-        Err(_) => Err(format!(
-            "the test's own process ({} {name} --exact) {} before it reached a verdict. Its output:\n{relayed}",
+    if verdict_bytes.is_empty() {
+        return Err(format!(
+            "the test's own process ({} {name} --exact) {} before it reached a verdict. Its output:\n{}",
             exe.display(),
-            describe(status)
-        )),
+            describe(status),
+            relay.relayed
+        ));
+    }
+    serde_json::from_slice(&verdict_bytes).map(Some).map_err(|e| format!("its verdict could not be read ({e})"))
+}
+
+/// Reads the child's output and verdict pipes as they fill, handing output
+/// to `on_output`, until the child has ended and both pipes are drained. A
+/// process the test started and left running may hold the output pipe
+/// open: what it writes after the child ended is not waited for.
+fn pump(
+    child: &mut std::process::Child,
+    output: std::io::PipeReader,
+    verdict: std::io::PipeReader,
+    mut on_output: impl FnMut(&[u8]),
+    verdict_bytes: &mut Vec<u8>,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut pipes = [(output, false), (verdict, false)];
+    for (pipe, _) in &pipes {
+        // SAFETY: sets a flag on a descriptor this function owns.
+        if unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        // Checked before draining: all the child wrote is in the pipes once
+        // it has ended.
+        let ended = child.try_wait()?;
+        for (i, (pipe, closed)) in pipes.iter_mut().enumerate() {
+            while !*closed {
+                match pipe.read(&mut buffer) {
+                    Ok(0) => *closed = true,
+                    Ok(n) if i == 0 => on_output(&buffer[..n]),
+                    Ok(n) => verdict_bytes.extend_from_slice(&buffer[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if let Some(status) = ended {
+            return Ok(status);
+        }
+        let mut waiting: Vec<libc::pollfd> = pipes
+            .iter()
+            .filter(|(_, closed)| !closed)
+            .map(|(pipe, _)| libc::pollfd { fd: pipe.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: `waiting` is a live array of as many pollfd as passed.
+        unsafe { libc::poll(waiting.as_mut_ptr(), waiting.len() as libc::nfds_t, POLL_MS) };
     }
 }
 
-/// libtest's own lines around one test's output in the child.
-fn without_libtest_lines(text: &str, name: &str) -> String {
-    let ok_line = format!("test {name} ... ");
-    let mut kept: Vec<&str> = Vec::new();
-    for line in text.lines() {
-        // With --nocapture the test's first line follows libtest's
-        // `test NAME ... ` on the same line: keep it, from its start.
-        if let Some(rest) = line.strip_prefix(&ok_line) {
-            let status = ["ok", "FAILED", "ignored"].iter().any(|s| rest.starts_with(s));
-            if !status && !rest.is_empty() {
-                kept.push(rest);
-            }
-            continue;
-        }
-        let libtest = line == "running 1 test" || line == "running 0 tests" || line.starts_with("test result: ");
-        if !libtest {
-            kept.push(line);
+/// The child's output, relayed line by line as it comes: through `print!`,
+/// so libtest shows it where it shows the test's own output (at once under
+/// `--nocapture`, else with the failure), without libtest's own lines.
+struct Relay {
+    name: String,
+    partial: Vec<u8>,
+    /// Blank lines held back until a line follows them.
+    blank_lines: usize,
+    /// Everything relayed, for the message of a child that ended early.
+    relayed: String,
+    ran_no_test: bool,
+}
+
+impl Relay {
+    fn new(name: &str) -> Relay {
+        Relay { name: name.to_string(), partial: Vec::new(), blank_lines: 0, relayed: String::new(), ran_no_test: false }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        self.partial.extend_from_slice(bytes);
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            self.line(&String::from_utf8_lossy(&line[..end]));
         }
     }
-    let body = kept.join("\n");
-    let body = body.trim_matches('\n');
-    if body.is_empty() {
-        String::new()
-    } else {
-        format!("{body}\n")
+
+    fn finish(&mut self) {
+        if !self.partial.is_empty() {
+            let line = String::from_utf8_lossy(&std::mem::take(&mut self.partial)).into_owned();
+            self.line(&line);
+        }
     }
+
+    fn line(&mut self, line: &str) {
+        self.ran_no_test |= line == "running 0 tests";
+        let Some(kept) = relayed_line(line, &self.name) else { return };
+        if kept.is_empty() {
+            self.blank_lines += usize::from(!self.relayed.is_empty());
+            return;
+        }
+        let text = format!("{}{kept}\n", "\n".repeat(std::mem::take(&mut self.blank_lines)));
+        // print! goes to libtest's capture: shown on failure or with --nocapture.
+        print!("{text}");
+        self.relayed.push_str(&text);
+    }
+}
+
+/// One line of the child's output as the parent relays it: `None` for
+/// libtest's own lines around the test's output.
+fn relayed_line<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    // With --nocapture the test's first line follows libtest's
+    // `test NAME ... ` on the same line: keep it, from its start.
+    if let Some(rest) = line.strip_prefix(&format!("test {name} ... ")) {
+        let status = ["ok", "FAILED", "ignored"].iter().any(|s| rest.starts_with(s));
+        return (!status && !rest.is_empty()).then_some(rest);
+    }
+    let libtest = line == "running 1 test" || line == "running 0 tests" || line.starts_with("test result: ");
+    (!libtest).then_some(line)
 }
 
 fn describe(status: std::process::ExitStatus) -> String {
@@ -157,29 +295,6 @@ fn signal_name(signal: i32) -> &'static str {
         libc::SIGKILL => " (SIGKILL: killed, often by the out-of-memory killer)",
         libc::SIGBUS => " (SIGBUS: a crash)",
         _ => "",
-    }
-}
-
-/// The child's output and verdict files, removed when the parent is done.
-struct Scratch {
-    output: PathBuf,
-    result: PathBuf,
-}
-
-impl Scratch {
-    fn new() -> Scratch {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let stem = format!("gpu-leak-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let dir = std::env::temp_dir();
-        Scratch { output: dir.join(format!("{stem}.out")), result: dir.join(format!("{stem}.verdict")) }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.output);
-        let _ = std::fs::remove_file(&self.result);
     }
 }
 
@@ -203,11 +318,19 @@ mod tests {
 
     #[test]
     fn the_relay_drops_libtests_own_lines_and_keeps_the_tests() {
-        let text = "\nrunning 1 test\npassed m::t: clean\n  hint: x\ntest m::t ... ok\n\ntest result: ok. 1 passed\n";
-        assert_eq!(without_libtest_lines(text, "m::t"), "passed m::t: clean\n  hint: x\n");
+        let relay = |text: &str| {
+            let mut relay = Relay::new("m::t");
+            // Fed in pieces that split lines, as a pipe hands them over.
+            for piece in text.as_bytes().chunks(5) {
+                relay.feed(piece);
+            }
+            relay.finish();
+            relay.relayed
+        };
+        assert_eq!(relay("\nrunning 1 test\npassed m::t: clean\n  hint: x\ntest m::t ... ok\n\ntest result: ok. 1 passed\n"), "passed m::t: clean\n  hint: x\n");
         // The test's first line, printed after libtest's `test NAME ... `.
-        let text = "\nrunning 1 test\ntest m::t ... ::error file=a.rs,line=1::leak\n";
-        assert_eq!(without_libtest_lines(text, "m::t"), "::error file=a.rs,line=1::leak\n");
-        assert_eq!(without_libtest_lines("\nrunning 1 test\n", "m::t"), "");
+        assert_eq!(relay("\nrunning 1 test\ntest m::t ... ::error file=a.rs,line=1::leak\n"), "::error file=a.rs,line=1::leak\n");
+        assert_eq!(relay("\nrunning 1 test\n"), "");
+        assert_eq!(relay("a\n\nb\n\n"), "a\n\nb\n");
     }
 }

@@ -310,6 +310,8 @@ impl LeakTest {
     /// where the check runs here.
     #[track_caller]
     fn ran_in_a_child(&self) -> bool {
+        // In a child: what the test starts does not inherit the verdict's pipe.
+        isolation::keep_verdict_descriptor_to_this_process();
         // Settings only: resolving the device here would start CUDA in a
         // process that measures nothing. A settings error shows up below.
         let Ok(settings) = self.settings() else { return false };

@@ -206,3 +206,89 @@ fn a_child_that_aborts_fails_with_its_signal() {
         assert!(output.contains("test shapes::runs_after_a_thread_was_left_running ... ok"), "{threads}:\n{output}");
     }
 }
+
+/// Run only by the tests below, each by its exact name.
+mod alone {
+    use gpu_leak_test::gpu_leak_test;
+    use tch::{Device, Kind, Tensor};
+
+    #[gpu_leak_test(device = "cpu", warmup = 0, iterations = 2)]
+    #[ignore = "runs for 10 s and is killed on purpose; run by a_cancelled_run_leaves_no_test_running_and_no_file_behind"]
+    fn sleeps(device: Device) {
+        println!("sleeping in process {}", std::process::id());
+        let _ = Tensor::ones([16], (Kind::Float, device));
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    }
+
+    #[gpu_leak_test(device = "cpu")]
+    #[ignore = "run by a_missing_tmpdir_changes_nothing"]
+    fn clean(device: Device) {
+        let _ = Tensor::ones([16], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
+    }
+}
+
+/// What a CI runner does on cancel: SIGTERM to the test binary. Its child
+/// (the test's own process under `cargo test`) dies with it, rather than
+/// run on under PID 1 and write a report that makes the real run look
+/// stale; what the child printed reached the parent as it came, not at its
+/// exit; and no file is left in the temporary folder.
+#[test]
+fn a_cancelled_run_leaves_no_test_running_and_no_file_behind() {
+    use std::io::BufRead;
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["alone::sleeps", "--exact", "--ignored", "--nocapture"])
+        .env_remove("NEXTEST")
+        .env_remove("NEXTEST_EXECUTION_MODE")
+        .stdout(std::process::Stdio::piped());
+    let mut parent = command.spawn().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    let stdout = parent.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    // The child's first line arrives while it runs: relayed live.
+    let child: i32 = loop {
+        let line = received.recv_timeout(std::time::Duration::from_secs(60)).expect("the child's line was not relayed while it ran");
+        if let Some(pid) = line.split("sleeping in process ").nth(1) {
+            break pid.trim().parse().unwrap();
+        }
+    };
+    assert_ne!(child as u32, parent.id(), "the test should run in a process of its own");
+    // SAFETY: signals a process this test started and has not yet reaped.
+    unsafe { libc::kill(parent.id() as i32, libc::SIGTERM) };
+    let _ = parent.wait();
+    let alive = |pid: i32| {
+        // A zombie no one reaped yet (PID 1 in a container may not) is dead.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while alive(child) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!alive(child), "the child {child} runs on after its parent {} was terminated", parent.id());
+    let prefix = format!("gpu-leak-test-{}-", parent.id());
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// `TMPDIR=/nonexistent` once failed a clean test under `cargo test`: the
+/// child's output went through a file there. Nothing does now.
+#[test]
+fn a_missing_tmpdir_changes_nothing() {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["alone::clean", "--exact", "--ignored"])
+        .env_remove("NEXTEST")
+        .env_remove("NEXTEST_EXECUTION_MODE")
+        .env("TMPDIR", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && text.contains("test alone::clean ... ok"), "{text}");
+}
