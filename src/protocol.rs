@@ -237,10 +237,17 @@ struct Run<'a> {
     records_per_tensor: i64,
     /// When the run last said it is alive (see [`PROGRESS_EVERY`]).
     last_progress: Instant,
+    /// What was free where a layer lives when last read, by layer: when,
+    /// the bytes, and the layer's level then (see [`FREE_MEMORY_EVERY`]).
+    free_memory: std::collections::HashMap<usize, (Instant, u64, i64)>,
 }
 
 /// How often a long run says on stderr where it is.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// A long confirmation reads what is free (`/proc/meminfo`, the driver) at
+/// most this often per layer; in between, what the layer grew since is
+/// taken off the last reading.
+const FREE_MEMORY_EVERY: Duration = Duration::from_millis(20);
 /// Confirmation asks the layers' shapes about this many times per doubling
 /// of the iterations run, once past this many (see the confirmation loop).
 const SHAPE_CHECKS: u32 = 64;
@@ -324,12 +331,13 @@ impl<'a> Run<'a> {
             threads_at_start: None,
             records_per_tensor: 0,
             last_progress: Instant::now(),
+            free_memory: std::collections::HashMap::new(),
         }
     }
 
     fn sample(&mut self, phase: Phase, iteration: u32) -> Snapshot {
         let started = Instant::now();
-        let snapshot = self.take_snapshot();
+        let snapshot = self.take_snapshot(self.reads_host_heap(phase, iteration));
         self.samples.push(Sample::from_snapshot(phase, iteration, &snapshot));
         let levels = self.levels_now();
         self.follow_peaks(phase, &levels);
@@ -390,8 +398,8 @@ impl<'a> Run<'a> {
 
     /// Every view of the body's device, its exact count as its source
     /// counts it (the allocator's statistics, where they are the source).
-    fn take_snapshot(&self) -> Snapshot {
-        let mut snapshot = Snapshot::take(self.device, &self.tracker);
+    fn take_snapshot(&self, host_heap: bool) -> Snapshot {
+        let mut snapshot = Snapshot::take_reading_host_heap(self.device, &self.tracker, host_heap);
         let body = self.body();
         match (self.sources[body], snapshot.allocator) {
             // The snapshot read the allocator's statistics already.
@@ -410,7 +418,7 @@ impl<'a> Run<'a> {
     /// Every view of the body's device now, timed as sampling.
     fn snapshot_now(&mut self) -> Snapshot {
         let started = Instant::now();
-        let snapshot = self.take_snapshot().with_process_memory();
+        let snapshot = self.take_snapshot(true).with_process_memory();
         self.time.sampling += started.elapsed();
         snapshot
     }
@@ -863,15 +871,28 @@ impl<'a> Run<'a> {
     /// Why one more iteration could run the machine out of memory, if it
     /// could: a judged layer whose latest iteration grew by more than a
     /// share of what is free where it lives (the device, or the host).
-    fn next_iteration_could_exhaust(&self) -> Option<String> {
+    fn next_iteration_could_exhaust(&mut self) -> Option<String> {
         let [.., before, last] = &self.levels[..] else { return None };
+        let (before, last) = (before.clone(), last.clone());
         self.judged().into_iter().find_map(|d| {
             let growth = last[d] - before[d];
+            if growth <= 0 {
+                return None;
+            }
             let layer = self.layers[d];
-            let free = match layer.device() {
-                Device::Cuda(index) => crate::probe::cuda::driver_memory(index).ok().map(|m| m.free_bytes),
-                _ => crate::probe::host::available_bytes(),
-            }?;
+            let free = match self.free_memory.get(&d) {
+                Some(&(read_at, free, level)) if read_at.elapsed() < FREE_MEMORY_EVERY => {
+                    free.saturating_sub((last[d] - level).max(0) as u64)
+                }
+                _ => {
+                    let free = match layer.device() {
+                        Device::Cuda(index) => crate::probe::cuda::driver_memory(index).ok().map(|m| m.free_bytes),
+                        _ => crate::probe::host::available_bytes(),
+                    }?;
+                    self.free_memory.insert(d, (Instant::now(), free, last[d]));
+                    free
+                }
+            };
             verdict::next_iteration_could_exhaust(growth, free).then(|| {
                 format!(
                     "{layer} grew {} in its latest iteration, and {} is free there; the verdict stands on the \
@@ -1029,6 +1050,19 @@ impl<'a> Run<'a> {
             .collect()
     }
 
+    /// Whether the sample after `iteration` of `phase` reads the host heap:
+    /// the measured window's baseline (the last warm-up, or setup) and every
+    /// [`verdict::host_heap_spacing`]-th iteration of the window and of
+    /// confirmation; attribution's few, always.
+    fn reads_host_heap(&self, phase: Phase, iteration: u32) -> bool {
+        let spacing = verdict::host_heap_spacing(self.settings.iterations);
+        match phase {
+            Phase::WarmUp => iteration == self.settings.warmup || iteration % spacing == 0,
+            Phase::Measure | Phase::Confirm => iteration % spacing == 0,
+            _ => true,
+        }
+    }
+
     /// The host heap's growth per iteration, a view shown only where the
     /// judged layers explain none.
     fn host_heap_growth(&self, judged: &[usize]) -> Option<f64> {
@@ -1038,8 +1072,14 @@ impl<'a> Run<'a> {
             self.measured_window(|i| Some(self.levels[i][d])).is_some_and(|levels| levels.iter().all(|&l| l == levels[0]))
         });
         if judged_layers_flat && self.verdicts.iter().all(|v| !v.is_failure()) {
-            self.measured_window(|i| self.samples[i].host_heap_bytes.map(|b| b as i64))
-                .and_then(|levels| verdict::host_heap_growth(&levels))
+            // The baseline, then the iterations that read it, evenly spaced.
+            let baseline = self.samples.iter().rposition(|s| matches!(s.phase, Phase::WarmUp | Phase::Setup))?;
+            let mut read = (baseline..self.samples.len())
+                .filter(|&i| i == baseline || matches!(self.samples[i].phase, Phase::Measure | Phase::Confirm))
+                .map(|i| self.samples[i].host_heap_bytes.map(|b| b as i64));
+            let before = read.next().flatten()?;
+            let levels: Vec<i64> = std::iter::once(before).chain(read.flatten()).collect();
+            verdict::host_heap_growth(&levels, verdict::host_heap_spacing(self.settings.iterations))
         } else {
             None
         }

@@ -95,16 +95,16 @@ pub(crate) fn shape(baseline: i64, levels: &[i64], window: u32, threshold_bytes:
     // shorter period shows a rise over the same comparisons: a sawtooth of
     // period `window + 1` rises exactly for `window` iterations, then falls.
     let mut growing = None;
+    let equal_rises = equal_rises_back(&all);
     for period in 1..=(m + 1).saturating_sub(window_len) {
         let first = m - period + 1 - window_len;
-        let drift = all[first + period] - all[first];
+        let drift = all[m] - all[m - period];
         // Only a period that settles changes the answer once a rising one
-        // is found, and a falling one never does: not checking those
-        // keeps a steady leak's long confirmation linear, not quadratic.
+        // is found, and a falling one never does.
         if drift < 0 || (drift > 0 && growing.is_some()) {
             continue;
         }
-        if !(first..=m - period).all(|i| all[i + period] - all[i] == drift) {
+        if equal_rises[period] < window_len {
             continue;
         }
         if drift > 0 {
@@ -258,10 +258,12 @@ impl Leak {
     fn from_levels(baseline: i64, levels: &[i64], drift: Option<(u32, i64)>, window: u32) -> Leak {
         let retained_bytes = levels.last().copied().unwrap_or(baseline) - baseline;
         let iterations = levels.len() as u32;
-        let (bytes_per_iteration, rate) = match (drift, latest_steps(baseline, levels, window)) {
-            (Some((period, bytes)), _) => (bytes as f64 / period as f64, LeakRate::ExactPattern),
-            (None, Some(rate @ LeakRate::LatestSteps { period, bytes, .. })) => (bytes as f64 / period as f64, rate),
-            (None, _) => (retained_bytes as f64 / iterations.max(1) as f64, LeakRate::Average),
+        let (bytes_per_iteration, rate) = match drift {
+            Some((period, bytes)) => (bytes as f64 / period as f64, LeakRate::ExactPattern),
+            None => match latest_steps(baseline, levels, window) {
+                Some(rate @ LeakRate::LatestSteps { period, bytes, .. }) => (bytes as f64 / period as f64, rate),
+                _ => (retained_bytes as f64 / iterations.max(1) as f64, LeakRate::Average),
+            },
         };
         Leak { retained_bytes, iterations, bytes_per_iteration, growing_iterations: new_highs(baseline, levels), drift, rate }
     }
@@ -280,12 +282,53 @@ impl Leak {
 fn latest_steps(baseline: i64, levels: &[i64], window: u32) -> Option<LeakRate> {
     let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
     let needed = (window.max(1) as usize).div_ceil(2).max(2);
-    (1..all.len()).find_map(|period| {
-        let rises: Vec<i64> = all.windows(period + 1).map(|w| w[period] - w[0]).collect();
-        let &last = rises.last()?;
-        let steps = rises.iter().rev().take_while(|&&rise| rise == last).count();
-        (last > 0 && steps >= needed && steps > period).then_some(LeakRate::LatestSteps { period: period as u32, bytes: last, steps: steps as u32 })
+    let end = all.len() - 1;
+    let equal_rises = equal_rises_back(&all);
+    (1..=end).find_map(|period| {
+        let bytes = all[end] - all[end - period];
+        let steps = equal_rises[period];
+        (bytes > 0 && steps >= needed && steps > period).then_some(LeakRate::LatestSteps {
+            period: period as u32,
+            bytes,
+            steps: steps as u32,
+        })
     })
+}
+
+/// For each period `p` (from 1), how many rises over `p` iterations, ending
+/// at the last level of `all`, were equal to the last one. Two such rises
+/// next to each other are equal where the changes `p` apart are, so one
+/// linear pass over the changes counted back from the last answers every
+/// period at once: a long window's shape costs what its length does.
+fn equal_rises_back(all: &[i64]) -> Vec<usize> {
+    let end = all.len().saturating_sub(1);
+    let changes_back: Vec<i64> = (0..end).map(|i| all[end - i] - all[end - i - 1]).collect();
+    let equal_changes = common_prefix_lengths(&changes_back);
+    (0..=end).map(|period| if period == 0 { 0 } else { equal_changes.get(period).copied().unwrap_or(0) + 1 }).collect()
+}
+
+/// The Z-function: for each `i`, how long `s[i..]` starts as `s` does
+/// (`s.len()` at 0), in time linear in `s`.
+fn common_prefix_lengths(s: &[i64]) -> Vec<usize> {
+    let n = s.len();
+    let mut z = vec![0; n];
+    if n > 0 {
+        z[0] = n;
+    }
+    // [left, right): the match reaching furthest right so far.
+    let (mut left, mut right) = (0, 0);
+    for i in 1..n {
+        if i < right {
+            z[i] = (right - i).min(z[i - left]);
+        }
+        while i + z[i] < n && s[z[i]] == s[i + z[i]] {
+            z[i] += 1;
+        }
+        if i + z[i] > right {
+            (left, right) = (i, i + z[i]);
+        }
+    }
+    z
 }
 
 /// Exact live bytes at each point of a run.
@@ -605,21 +648,33 @@ pub(crate) fn records_of_kept_tensors(host_bytes_per_iteration: f64, tensors_per
         && host_bytes_per_iteration <= tensors_per_iteration * records_per_tensor as f64 * RECORDS_SLACK
 }
 
-/// Host heap levels (before the first measured iteration, then after each)
-/// that grow steadily, by at least [`HOST_HEAP_NOTE_BYTES`] per iteration:
-/// the bytes per iteration. Steady means it rose after every iteration, and
-/// the median rise is what is compared, so one arena growth on a clean test
-/// is not a finding. Called where every judged layer stayed flat.
-pub(crate) fn host_heap_growth(levels: &[i64]) -> Option<f64> {
+/// Host heap levels (before the first measured iteration, then after every
+/// `spacing` iterations) that grow steadily, by at least
+/// [`HOST_HEAP_NOTE_BYTES`] per iteration: the bytes per iteration. Steady
+/// means it rose between every two levels, and the median rise is what is
+/// compared, so one arena growth on a clean test is not a finding. Called
+/// where every judged layer stayed flat.
+pub(crate) fn host_heap_growth(levels: &[i64], spacing: u32) -> Option<f64> {
     let mut rises: Vec<i64> = levels.windows(2).map(|w| w[1] - w[0]).collect();
     if rises.len() < 2 || rises.iter().any(|&rise| rise <= 0) {
         return None;
     }
     rises.sort_unstable();
-    let median = rises[rises.len() / 2] as f64;
-    let average = (levels[levels.len() - 1] - levels[0]) as f64 / rises.len() as f64;
+    let spacing = spacing.max(1) as f64;
+    let median = rises[rises.len() / 2] as f64 / spacing;
+    let average = (levels[levels.len() - 1] - levels[0]) as f64 / rises.len() as f64 / spacing;
     (median >= HOST_HEAP_NOTE_BYTES).then_some(average)
 }
+
+/// How many iterations apart a window of `iterations` reads the host heap:
+/// at most about [`HOST_HEAP_READS`] reads a window, so its cost per
+/// iteration stays flat however long the window.
+pub(crate) fn host_heap_spacing(iterations: u32) -> u32 {
+    iterations.div_ceil(HOST_HEAP_READS).max(1)
+}
+
+/// Reads of the host heap per measured window (see [`host_heap_spacing`]).
+pub(crate) const HOST_HEAP_READS: u32 = 128;
 
 /// Growth of a device-global view that the counted threads do not explain:
 /// `counted` and `global` are levels before the first measured iteration and
@@ -668,7 +723,7 @@ mod tests {
     #[test]
     fn host_heap_that_rises_steadily_by_a_collections_size_is_noted() {
         let levels: Vec<i64> = (0..6).map(|i| 1_000_000 + i * 65_552).collect();
-        assert_eq!(host_heap_growth(&levels), Some(65_552.0));
+        assert_eq!(host_heap_growth(&levels, 1), Some(65_552.0));
     }
 
     #[test]
@@ -676,13 +731,23 @@ mod tests {
         // Levels from 0 rising by each step in turn.
         let levels = |steps: &[i64]| -> Vec<i64> { std::iter::once(0).chain(steps.iter().scan(0, |l, s| { *l += s; Some(*l) })).collect() };
         // Measured on clean tests: bookkeeping, and one arena growth.
-        assert_eq!(host_heap_growth(&levels(&[784, 784, 1648, 784, 784])), None);
-        assert_eq!(host_heap_growth(&levels(&[64, 64, 4224, 64, 64])), None);
+        assert_eq!(host_heap_growth(&levels(&[784, 784, 1648, 784, 784]), 1), None);
+        assert_eq!(host_heap_growth(&levels(&[64, 64, 4224, 64, 64]), 1), None);
+    }
+
+    #[test]
+    fn host_heap_read_every_few_iterations_is_growth_per_iteration() {
+        assert_eq!((host_heap_spacing(128), host_heap_spacing(129), host_heap_spacing(200_000)), (1, 2, 1_563));
+        let levels: Vec<i64> = (0..6).map(|i| i * 4 * 8192).collect();
+        assert_eq!(host_heap_growth(&levels, 4), Some(8192.0));
+        // 1 KiB an iteration is under the note, however far apart it is read.
+        let levels: Vec<i64> = (0..6).map(|i| i * 8 * 1024).collect();
+        assert_eq!(host_heap_growth(&levels, 8), None);
     }
 
     #[test]
     fn host_heap_that_falls_once_is_not_steady() {
-        assert_eq!(host_heap_growth(&[0, 8192, 16384, 12288, 20480, 28672]), None);
+        assert_eq!(host_heap_growth(&[0, 8192, 16384, 12288, 20480, 28672], 1), None);
     }
 
     use super::*;
@@ -774,6 +839,87 @@ mod tests {
         let steady: Vec<i64> = (1..=10).map(|i| 372 * i - if i % 2 == 1 { 20 } else { 0 }).collect();
         let Verdict::Leak(leak) = decide(&series(&[0], &steady), 5, 0, None) else { panic!() };
         assert_eq!(leak.bytes_per_iteration, 372.0);
+    }
+
+    /// Changes drawn from a few values, so that patterns and near-patterns
+    /// are common: `count` series of up to 24 levels, with a window.
+    fn small_series(count: usize) -> Vec<(Vec<i64>, u32)> {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        (0..count)
+            .map(|_| {
+                let len = 1 + next(24) as usize;
+                let mut level = 0i64;
+                let levels = (0..len).map(|_| { level += [0, 0, 4, 4, 8, -4, 392, 1_424][next(8) as usize]; level }).collect();
+                (levels, 1 + next(12) as u32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_shape_found_in_one_pass_is_the_one_every_period_checked_in_turn_finds() {
+        // Each period's last `window` rises compared in turn.
+        fn checked_in_turn(baseline: i64, levels: &[i64], window: u32, threshold_bytes: u64) -> Shape {
+            let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
+            let m = levels.len();
+            let retained_bytes = all[m] - baseline;
+            let window_len = window.max(1) as usize;
+            let over_threshold = |bytes: i64, iterations: usize| bytes as f64 * window_len as f64 / iterations.max(1) as f64 > threshold_bytes as f64;
+            let mut growing = None;
+            for period in 1..=(m + 1).saturating_sub(window_len) {
+                let first = m - period + 1 - window_len;
+                let drift = all[first + period] - all[first];
+                if drift < 0 || (drift > 0 && growing.is_some()) || !(first..=m - period).all(|i| all[i + period] - all[i] == drift) {
+                    continue;
+                }
+                if drift > 0 {
+                    growing.get_or_insert(if over_threshold(drift, period) { Shape::Growing { drift: Some((period as u32, drift)) } } else { Shape::WithinThreshold { retained_bytes } });
+                    continue;
+                }
+                let mut settled_at = first;
+                while settled_at > 0 && all[settled_at - 1 + period] == all[settled_at - 1] {
+                    settled_at -= 1;
+                }
+                let growth_steps = new_highs(baseline, &levels[..settled_at.min(m)]).len() as u32;
+                return Shape::Settled { period: period as u32, settled_at: settled_at as u32, growth_steps, retained_bytes };
+            }
+            if let Some(growing) = growing {
+                return growing;
+            }
+            let highest = levels.iter().copied().max().unwrap_or(baseline) - baseline;
+            if !over_threshold(highest, window_len) || highest <= threshold_bytes as i64 {
+                return Shape::WithinThreshold { retained_bytes };
+            }
+            Shape::Growing { drift: None }
+        }
+        for (levels, window) in small_series(20_000) {
+            for threshold in [0, 10] {
+                assert_eq!(shape(0, &levels, window, threshold), checked_in_turn(0, &levels, window, threshold), "{levels:?} window {window}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_latest_step_found_in_one_pass_is_the_one_every_period_checked_in_turn_finds() {
+        // Each period's rises counted back from the last, one by one.
+        fn checked_in_turn(baseline: i64, levels: &[i64], window: u32) -> Option<LeakRate> {
+            let all: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect();
+            let needed = (window.max(1) as usize).div_ceil(2).max(2);
+            (1..all.len()).find_map(|period| {
+                let rises: Vec<i64> = all.windows(period + 1).map(|w| w[period] - w[0]).collect();
+                let &last = rises.last()?;
+                let steps = rises.iter().rev().take_while(|&&rise| rise == last).count();
+                (last > 0 && steps >= needed && steps > period).then_some(LeakRate::LatestSteps { period: period as u32, bytes: last, steps: steps as u32 })
+            })
+        }
+        for (levels, window) in small_series(20_000) {
+            assert_eq!(latest_steps(0, &levels, window), checked_in_turn(0, &levels, window), "{levels:?} window {window}");
+        }
     }
 
     #[test]

@@ -591,6 +591,10 @@ fn a_long_leak_writes_bounded_reports_and_names_the_full_series() {
     let thinned = report.thinned.clone().expect("a long run's samples are thinned");
     // 1,000, and the samples on either side of each phase's boundary.
     assert!(report.samples.len() <= 1_012 && thinned.samples_taken > iterations as usize, "{} of {}", report.samples.len(), thinned.samples_taken);
+    // The iterations run are counted, not the samples kept.
+    let (measured, confirmation) = report.window();
+    assert_eq!(measured, iterations);
+    assert_eq!(measured + confirmation, leak.iterations, "{report}");
     let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
     report.files = Some(written.clone());
     let text = report.to_string();

@@ -45,6 +45,13 @@ impl Snapshot {
     /// Synchronises the device (so frees that wait on streams have happened)
     /// and reads every view. CUDA views that fail to read are left out.
     pub fn take(device: Device, tracker: &Tracker) -> Snapshot {
+        Snapshot::take_reading_host_heap(device, tracker, true)
+    }
+
+    /// [`Snapshot::take`], reading the host heap only where `host_heap`
+    /// says: glibc's count walks every free chunk, so its cost grows with
+    /// the heap, and a long window reads it only every so many iterations.
+    pub fn take_reading_host_heap(device: Device, tracker: &Tracker, host_heap: bool) -> Snapshot {
         let (allocator, driver) = match device {
             Device::Cuda(index) => {
                 let _ = cuda::synchronize(index);
@@ -52,7 +59,8 @@ impl Snapshot {
             }
             _ => (None, None),
         };
-        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap: host::heap_in_use(), process: None }
+        let host_heap = if host_heap { host::heap_in_use() } else { None };
+        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap, process: None }
     }
 
     /// The same, with the driver's per-process figure where NVML gives one.

@@ -63,7 +63,9 @@ pub struct Sample {
     pub reserved_bytes: Option<u64>,
     /// The driver's used bytes on the body's device (all processes).
     pub driver_used_bytes: Option<u64>,
-    /// The host heap in use, whole process (glibc's `mallinfo2`).
+    /// The host heap in use, whole process (glibc's `mallinfo2`); read
+    /// after every iteration of a window up to 128 iterations, and after
+    /// every n/128-th of a longer one.
     #[serde(default)]
     pub host_heap_bytes: Option<u64>,
 }
@@ -344,9 +346,12 @@ impl Report {
     }
 
     /// The iterations the verdict judged: measured, then confirmation.
+    /// Read from the last sample of each phase, which a thinned report
+    /// keeps, not from how many samples it kept.
     pub fn window(&self) -> (u32, u32) {
-        let count = |phase: Phase| self.samples.iter().filter(|s| s.phase == phase).count() as u32;
-        (count(Phase::Measure), count(Phase::Confirm))
+        let last = |phase: Phase| self.samples.iter().filter(|s| s.phase == phase).map(|s| s.iteration).max();
+        let measured = last(Phase::Measure).unwrap_or(0);
+        (measured, last(Phase::Confirm).map_or(0, |n| n.saturating_sub(measured)))
     }
 
     /// The biggest allocation site in the verdict's layer, if attribution
