@@ -39,8 +39,17 @@ echo "downstream-check: a crate on tch $version with PyTorch $torch"
 clean_env=(env -u LIBTORCH -u LIBTORCH_USE_PYTORCH -u LD_LIBRARY_PATH -u CARGO_TARGET_DIR -u GPU_LEAK_TEST_TCH)
 "${clean_env[@]}" bash -euo pipefail -c "$block"
 "${clean_env[@]}" cargo test --test leaks
+# The hostile inputs of issue #35, as a downstream crate meets them. Tests
+# whose names clean alike, and one name in two binaries: four tests, four
+# baseline files, each passing against its own.
+"${clean_env[@]}" GPU_LEAK_TEST_BASELINES=update cargo test -q --test hostile --test hostile_twin
+count=$(find memory-baselines -name '*.yaml' | wc -l)
+[ "$count" = 4 ] || { echo "downstream-check: $count baseline files for 4 tests:" memory-baselines/* >&2; exit 1; }
+"${clean_env[@]}" GPU_LEAK_TEST_BASELINES=require cargo test -q --test hostile --test hostile_twin
+# A TMPDIR that does not exist: the test's own process needs none.
+"${clean_env[@]}" TMPDIR=/nonexistent cargo test -q --test hostile
 "${clean_env[@]}" cargo nextest archive --archive-file target/leaks.tar.zst
 elsewhere=$work/elsewhere
 mkdir "$elsewhere"
-cp -r Cargo.toml src tests .cargo "$elsewhere/"
+cp -r Cargo.toml src tests .cargo memory-baselines "$elsewhere/"
 (cd "$elsewhere" && "${clean_env[@]}" cargo nextest run --archive-file "$crate/target/leaks.tar.zst" --workspace-remap .)
