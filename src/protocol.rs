@@ -932,7 +932,9 @@ impl<'a> Run<'a> {
             .map(|s| s.allocations)
             .sum();
         let tensors_per_iteration = kept_blocks as f64 / attribution.iterations.max(1) as f64;
-        if verdict::records_of_kept_tensors(leak.bytes_per_iteration, tensors_per_iteration, self.records_per_tensor) {
+        let series = self.series(host);
+        let typical = verdict::typical_rise(series.baseline(), &series.measured);
+        if verdict::records_of_kept_tensors(typical, tensors_per_iteration, self.records_per_tensor) {
             self.verdicts[host] =
                 Verdict::RecordsOfKeptTensors { retained_bytes: leak.retained_bytes, bytes_per_iteration: leak.bytes_per_iteration };
         }
