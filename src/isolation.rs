@@ -117,8 +117,8 @@ const POLL_MS: i32 = 50;
 pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the test binary's path is unknown ({e})"))?;
     let pipe_error = |e: std::io::Error| format!("could not open a pipe to this test's own process ({e})");
-    let (output, output_writer) = std::io::pipe().map_err(pipe_error)?;
-    let (verdict, verdict_writer) = std::io::pipe().map_err(pipe_error)?;
+    let (output, output_writer) = os_pipe::pipe().map_err(pipe_error)?;
+    let (verdict, verdict_writer) = os_pipe::pipe().map_err(pipe_error)?;
     let verdict_fd = verdict_writer.as_raw_fd();
     let parent = std::process::id() as libc::pid_t;
     let mut command = Command::new(&exe);
@@ -177,8 +177,8 @@ pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
 /// open: what it writes after the child ended is not waited for.
 fn pump(
     child: &mut std::process::Child,
-    output: std::io::PipeReader,
-    verdict: std::io::PipeReader,
+    output: os_pipe::PipeReader,
+    verdict: os_pipe::PipeReader,
     mut on_output: impl FnMut(&[u8]),
     verdict_bytes: &mut Vec<u8>,
 ) -> std::io::Result<std::process::ExitStatus> {
