@@ -227,6 +227,12 @@ mod alone {
     }
 }
 
+/// Where the `alone` tests' reports go: not the suite's own folder, whose
+/// index lists the suite's tests (CI compares it with a partitioned run's).
+fn alone_reports() -> std::path::PathBuf {
+    common::manifest_dir().join("target/test-scratch/runners-alone")
+}
+
 /// What a CI runner does on cancel: SIGTERM to the test binary. Its child
 /// (the test's own process under `cargo test`) dies with it, rather than
 /// run on under PID 1 and write a report that makes the real run look
@@ -240,6 +246,7 @@ fn a_cancelled_run_leaves_no_test_running_and_no_file_behind() {
         .args(["alone::sleeps", "--exact", "--ignored", "--nocapture"])
         .env_remove("NEXTEST")
         .env_remove("NEXTEST_EXECUTION_MODE")
+        .env("GPU_LEAK_TEST_REPORT_DIR", alone_reports())
         .stdout(std::process::Stdio::piped());
     let mut parent = command.spawn().unwrap();
     let (lines, received) = std::sync::mpsc::channel();
@@ -287,6 +294,7 @@ fn a_missing_tmpdir_changes_nothing() {
         .env_remove("NEXTEST")
         .env_remove("NEXTEST_EXECUTION_MODE")
         .env("TMPDIR", "/nonexistent")
+        .env("GPU_LEAK_TEST_REPORT_DIR", alone_reports())
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
