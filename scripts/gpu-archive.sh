@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test binaries into a nextest archive that runs on a GPU runner
 # with no cargo: the runner needs only the archive, cargo-nextest and its own
-# libtorch (a PyTorch 2.11 install) on LD_LIBRARY_PATH. See README.md,
+# libtorch (a PyTorch 2.11 install) on LD_LIBRARY_PATH. See docs/ci.md,
 # "Gating merges on a GPU runner".
 #
 #   scripts/gpu-archive.sh [OUT_DIR]     (default: .gpu)

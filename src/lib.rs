@@ -1,10 +1,28 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
-// The README shows the `#[test]` a leak test expands into.
+// The guide shows the `#[test]` a leak test expands into.
 #![allow(clippy::test_attr_in_doctest)]
 // The public API is the handful of names re-exported below. Everything else
 // is private, or reachable through `internals` (unstable, for this crate's
 // benches and probe tests) and `__private` (what the derive expands into).
+
+/// The guide's pages, compiled as doc tests so their examples cannot rot;
+/// docs.rs shows the README, which links them.
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/options.md")]
+    struct Options;
+    #[doc = include_str!("../docs/baselines.md")]
+    struct Baselines;
+    #[doc = include_str!("../docs/reports.md")]
+    struct Reports;
+    #[doc = include_str!("../docs/ci.md")]
+    struct Ci;
+    #[doc = include_str!("../docs/how-it-measures.md")]
+    struct HowItMeasures;
+    #[doc = include_str!("../docs/what-to-know.md")]
+    struct WhatToKnow;
+}
 
 mod baseline;
 mod config;

@@ -84,14 +84,14 @@ fn a_failing_leak_test_annotates_its_line_and_adds_a_summary_row() {
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
-/// The README's GitHub Actions recipe parses, and has the steps the gate
+/// The guide's GitHub Actions recipe (docs/ci.md) parses, and has the steps the gate
 /// needs: the CPU job's `cargo test`, the archive, the partitioned GPU run
 /// with its annotations and reports, and the merge.
 #[test]
-fn the_readmes_github_actions_recipe_is_valid_yaml_with_every_step() {
-    let readme = std::fs::read_to_string(common::manifest_dir().join("README.md")).unwrap();
+fn the_guides_github_actions_recipe_is_valid_yaml_with_every_step() {
+    let readme = std::fs::read_to_string(common::manifest_dir().join("docs/ci.md")).unwrap();
     let blocks: Vec<&str> = readme.split("```yaml\n").skip(1).filter_map(|rest| rest.split("\n```").next()).collect();
-    assert!(!blocks.is_empty(), "no yaml block in the README");
+    assert!(!blocks.is_empty(), "no yaml block in docs/ci.md");
     let workflow = blocks.iter().find(|b| b.contains("jobs:")).expect("a workflow block");
     let parsed: serde_yaml::Value = serde_yaml::from_str(workflow).unwrap_or_else(|e| panic!("{e}\n{workflow}"));
     let jobs = parsed.get("jobs").and_then(|j| j.as_mapping()).expect("jobs");
