@@ -154,8 +154,15 @@ pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
     drop(verdict_writer);
     let mut relay = Relay::new(name);
     let mut verdict_bytes = Vec::new();
-    let status = pump(&mut child, output, verdict, |bytes| relay.feed(bytes), &mut verdict_bytes)
-        .map_err(|e| format!("lost the output of this test's own process ({e})"))?;
+    let status = match pump(&mut child, output, verdict, |bytes| relay.feed(bytes), &mut verdict_bytes) {
+        Ok(status) => status,
+        Err(e) => {
+            // Not left running unheard.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("lost the output of this test's own process ({e})"));
+        }
+    };
     relay.finish();
     if verdict_bytes.is_empty() && status.success() && relay.ran_no_test {
         return Ok(None);
