@@ -64,8 +64,7 @@ impl std::fmt::Display for BaselineMode {
 /// In `gpu-leak-test.yaml`: the text the variable takes.
 impl<'de> serde::Deserialize<'de> for BaselineMode {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
-        text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("baselines: {why}")))
+        crate::error::deserialize_text(deserializer, "baselines")
     }
 }
 

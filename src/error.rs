@@ -90,5 +90,17 @@ impl fmt::Display for InvalidValue {
 
 impl std::error::Error for InvalidValue {}
 
+/// Deserializes a setting from the text the attribute takes (its `FromStr`),
+/// naming `key` in the error: serde_yaml's path stops at the mapping that
+/// holds it.
+pub(crate) fn deserialize_text<'de, D, T>(deserializer: D, key: &str) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr<Err = InvalidValue>,
+{
+    let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+    text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("{key}: {why}")))
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

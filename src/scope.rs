@@ -50,9 +50,7 @@ impl FromStr for Scope {
 /// In `gpu-leak-test.yaml`: the text the attribute takes.
 impl<'de> serde::Deserialize<'de> for Scope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
-        // Named, as serde_yaml's path stops at the mapping that holds it.
-        text.parse().map_err(|why: InvalidValue| serde::de::Error::custom(format!("scope: {why}")))
+        crate::error::deserialize_text(deserializer, "scope")
     }
 }
 
