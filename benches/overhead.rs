@@ -257,7 +257,7 @@ fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64, u6
     sync(device);
     let process = events(observation.tracker());
     drop(observation);
-    let host = tracker.layer_view(gpu_leak_test::Layer::HostObjects);
+    let host = tracker.layer_view(gpu_leak_test::report::Layer::HostObjects);
     (events(&tracker), process, host.allocations + host.frees)
 }
 
@@ -448,7 +448,7 @@ fn sensitivity(device: Device, name: &str) {
     while elements <= 1 << 16 {
         let mut kept = Vec::new();
         let report = LeakTest::new(format!("sweep_{elements}"))
-            .device(name.parse::<gpu_leak_test::DeviceChoice>().unwrap())
+            .device(name.parse::<gpu_leak_test::settings::DeviceChoice>().unwrap())
             .attribution_iterations(1)
             .run(|device| kept.push(Tensor::zeros([elements], (Kind::Float, device))))
             .unwrap();
@@ -476,10 +476,10 @@ fn varied_clean_run(name: &str, device: &str, seed: u64) -> gpu_leak_test::Repor
     };
     let mut cache: Option<Tensor> = None;
     LeakTest::new(name)
-        .device(device.parse::<gpu_leak_test::DeviceChoice>().unwrap())
+        .device(device.parse::<gpu_leak_test::settings::DeviceChoice>().unwrap())
         // Four at once next to an unhooked noise thread: the scope that
         // keeps parallel tests apart.
-        .scope(gpu_leak_test::Scope::Thread)
+        .scope(gpu_leak_test::settings::Scope::Thread)
         .run(|device| {
             // Shapes that change every iteration.
             let rows = 1 + next() % 64;
@@ -521,8 +521,8 @@ fn shape_run(name: &str, device: &str, elements: i64, kept: impl Fn(u32) -> usiz
     let mut held: Vec<Tensor> = Vec::new();
     let mut iteration = 0u32;
     LeakTest::new(name)
-        .device(device.parse::<gpu_leak_test::DeviceChoice>().unwrap())
-        .scope(gpu_leak_test::Scope::Thread)
+        .device(device.parse::<gpu_leak_test::settings::DeviceChoice>().unwrap())
+        .scope(gpu_leak_test::settings::Scope::Thread)
         .warmup(SHAPE_WARMUP)
         .iterations(SHAPE_WINDOW)
         .run(|device| {
@@ -684,7 +684,7 @@ fn long_windows(full: bool) {
 /// cost the same. 200 writes each (20 tests, 10 runs), compactions included.
 fn index_cost(scale: &Scale) {
     use gpu_leak_test::report::files::write_report;
-    let template = LeakTest::new("template").device(tch::Device::Cpu).scope(gpu_leak_test::Scope::Thread).run(|_| {}).unwrap();
+    let template = LeakTest::new("template").device(tch::Device::Cpu).scope(gpu_leak_test::settings::Scope::Thread).run(|_| {}).unwrap();
     println!("### Writing a report into a folder of earlier reports\n");
     println!("| earlier reports in the folder | ms per report written (mean of 200) | index.rows after |\n| --- | --- | --- |");
     for old in [10, scale.old_reports] {
@@ -693,12 +693,12 @@ fn index_cost(scale: &Scale) {
         let mut report = template.clone();
         for i in 0..old {
             report.test = format!("earlier::test_{i}");
-            write_report(&report, &dir, gpu_leak_test::Plots::None).unwrap();
+            write_report(&report, &dir, gpu_leak_test::settings::Plots::None).unwrap();
         }
         let start = Instant::now();
         for i in 0..200 {
             report.test = format!("suite::test_{}", i % 20);
-            write_report(&report, &dir, gpu_leak_test::Plots::None).unwrap();
+            write_report(&report, &dir, gpu_leak_test::settings::Plots::None).unwrap();
         }
         let ms = start.elapsed().as_secs_f64() * 1e3 / 200.0;
         let rows = std::fs::metadata(dir.join("index.rows")).map(|m| m.len()).unwrap_or(0);

@@ -45,8 +45,15 @@ names = []
 for m in re.finditer(r'^pub use ([^;]+);', lib, re.M):
     body = m.group(1)
     names += [n.strip() for n in body[body.find('{') + 1:body.rfind('}')].split(',')] if '{' in body else [body.split('::')[-1]]
-names += re.findall(r'^pub (?:mod|fn|struct|enum|trait|type|const) (\w+)', lib, re.M)
-names = [n for n in names if n and not n.startswith('__')]
+lib_lines = lib.split('\n')
+for i, line in enumerate(lib_lines):
+    m = re.match(r'^pub (?:mod|fn|struct|enum|trait|type|const) (\w+)', line)
+    # What a feature turns on is not in a user's build.
+    attributes = lib_lines[max(0, i - 4):i]
+    if m and not any('cfg(feature' in a for a in attributes):
+        names.append(m.group(1))
+# The report module is counted apart; a derive and its trait are one name.
+names = list(dict.fromkeys(n for n in names if n and not n.startswith('__') and n != 'report'))
 readme = (root / 'README.md').stat().st_size
 
 over = []
@@ -58,7 +65,7 @@ def show(title, rows, limit, unit):
     over.extend(where for n, where in rows if n > limit)
 show('types (fields)', types, FIELDS, 'fields')
 show('functions (lines)', functions, LINES, 'lines')
-print(f'public names at the crate root: {len(names)} (goal {ROOT_NAMES}): {", ".join(names)}')
+print(f'public names at the crate root, besides report: {len(names)} (goal {ROOT_NAMES}): {", ".join(names)}')
 print(f'README.md: {readme} bytes (at most {README_BYTES})')
 if readme > README_BYTES:
     sys.exit('README.md is over its size: move a section to docs/')

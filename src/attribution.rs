@@ -20,6 +20,7 @@ pub struct Site {
     /// `file:line` of the first frame in the user's code, relative to the
     /// crate under test where possible; `None` when no frame is the user's.
     pub location: Option<String>,
+    /// That frame's function, demangled.
     pub function: Option<String>,
     /// The next line of the user's code further out (`file:line`): where a
     /// helper was called, or where a model whose closure allocated was
@@ -27,8 +28,11 @@ pub struct Site {
     pub called_from: Option<String>,
     /// One line saying what the site is.
     pub description: String,
+    /// Blocks allocated here that survived.
     pub allocations: usize,
+    /// Their bytes.
     pub bytes: u64,
+    /// Their bytes per attribution iteration.
     pub bytes_per_iteration: f64,
     /// The attribution iterations (1-based) the survivors were allocated in.
     pub iterations: Vec<u32>,
@@ -74,10 +78,12 @@ impl Site {
 pub struct Attribution {
     /// Number of attribution iterations run.
     pub iterations: u32,
+    /// Where the survivors were allocated, the biggest first.
     pub sites: Vec<Site>,
 }
 
 impl Attribution {
+    /// Bytes at every site together.
     pub fn total_bytes(&self) -> u64 {
         self.sites.iter().map(|s| s.bytes).sum()
     }

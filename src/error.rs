@@ -57,8 +57,8 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// A text that is not a value of a setting: what parsing a
-/// [`DeviceChoice`](crate::DeviceChoice), [`Scope`](crate::Scope) or
-/// [`Plots`](crate::Plots) from text returns. Its message quotes the text
+/// [`DeviceChoice`](crate::device::DeviceChoice), [`Scope`](crate::scope::Scope) or
+/// [`Plots`](crate::config::Plots) from text returns. Its message quotes the text
 /// and lists the valid values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidValue {

@@ -97,9 +97,9 @@ impl LeakTest {
     }
 
     /// Where the body runs: a `tch::Device` (`Device::Cpu`,
-    /// `Device::Cuda(1)`) or [`DeviceChoice::Auto`](crate::DeviceChoice)
+    /// `Device::Cuda(1)`) or [`DeviceChoice::Auto`](crate::device::DeviceChoice)
     /// (the default). Every device the test touches is judged.
-    pub fn device(mut self, device: impl Into<crate::DeviceChoice>) -> Self {
+    pub fn device(mut self, device: impl Into<crate::device::DeviceChoice>) -> Self {
         self.options.device = Some(device.into());
         self
     }
@@ -128,9 +128,9 @@ impl LeakTest {
         self
     }
 
-    /// Whose allocations count: [`Scope::Auto`](crate::Scope) (default),
+    /// Whose allocations count: [`Scope::Auto`](crate::scope::Scope) (default),
     /// `Thread` or `Process`.
-    pub fn scope(mut self, scope: crate::Scope) -> Self {
+    pub fn scope(mut self, scope: crate::scope::Scope) -> Self {
         self.options.scope = Some(scope);
         self
     }

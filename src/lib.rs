@@ -2,9 +2,12 @@
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
 // The guide shows the `#[test]` a leak test expands into.
 #![allow(clippy::test_attr_in_doctest)]
-// The public API is the handful of names re-exported below. Everything else
-// is private, or reachable through `internals` (unstable, for this crate's
-// benches and probe tests) and `__private` (what the derive expands into).
+// The root holds what a user writes or reads: the attribute, `LeakTest`,
+// `Options`, `Report`, `Verdict`, the error, `TensorRefs`. What a report is
+// made of is under `report`, the values options take under `settings`, and
+// bringing threads into a test under `threads`. `internals` is for this
+// crate's own tests and benches, behind a feature only they turn on;
+// `__private` is what the macros expand into.
 
 /// The guide's pages, compiled as doc tests so their examples cannot rot;
 /// docs.rs shows the README, which links them.
@@ -37,35 +40,52 @@ mod refs;
 pub mod report;
 mod scope;
 mod test_binary;
-mod threads;
+pub mod threads;
 mod verdict;
 
-pub use attribution::{Attribution, Site};
-pub use baseline::{BaselineMode, BaselineOutcome, BaselineStatus, FigureChange, Figures};
-pub use probe::Frame;
-pub use config::{Options, Plots, Settings, Suppression, CONFIG_FILE_NAME};
-pub use error::{Error, InvalidValue, Result};
+pub use config::Options;
+pub use error::{Error, Result};
 // The derive macro `TensorRefs` shares the trait's name, as serde's do.
 pub use gpu_leak_test_macros::{gpu_leak_test, TensorRefs};
-pub use layer::Layer;
-pub use leak_test::{cuda_device_or_skip, LeakTest};
-pub use refs::{watch, GraphRetention, Reference, TensorRefs};
-pub use report::{DeviceResult, MemoryViews, Report};
+pub use leak_test::LeakTest;
+pub use refs::{watch, TensorRefs};
+pub use report::Report;
+/// The tch this crate is built with: the attribute's expansion names it,
+/// and a test that names it gets the same one.
 pub use tch;
-pub use threads::{current_test, detach_current_thread, TestThreads, ThreadGuard, ThreadLeftRunning};
-pub use device::DeviceChoice;
-pub use scope::Scope;
-pub use verdict::{Leak, LeakRate, Phase, RetainedDuring, Verdict};
+pub use verdict::Verdict;
+
+/// The values options take, the settings a test resolves to, and the
+/// config file's parts.
+pub mod settings {
+    pub use crate::baseline::BaselineMode;
+    pub use crate::config::{Plots, Settings, Suppression, CONFIG_FILE_NAME};
+    pub use crate::device::DeviceChoice;
+    pub use crate::error::InvalidValue;
+    pub use crate::leak_test::cuda_device_or_skip;
+    pub use crate::scope::Scope;
+}
 
 /// The measurement machinery: memory sources, stack capture, attribution.
-/// Unstable: for this crate's benchmarks and probe tests, not for users.
+/// Unstable: for this crate's benchmarks and probe tests, not for users,
+/// and compiled only with the `internals` feature, which only they turn on.
 // `path = "."` keeps the files where they are: src/probe/, src/device.rs.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 #[path = "."]
 pub mod internals {
     pub mod attribution;
     pub mod device;
     pub mod probe;
+}
+#[cfg(not(feature = "internals"))]
+#[path = "."]
+// Their items are `pub` for the feature's build, unreachable without it.
+#[allow(unreachable_pub)]
+mod internals {
+    pub(crate) mod attribution;
+    pub(crate) mod device;
+    pub(crate) mod probe;
 }
 use internals::{attribution, device, probe};
 

@@ -3,7 +3,7 @@
 //!
 //! - `thread`: the per-thread hook on the test's thread, the autograd threads
 //!   that run its `backward()`, and threads it brings in
-//!   ([`crate::TestThreads`]). Tests in parallel threads do not disturb each
+//!   ([`crate::threads::TestThreads`]). Tests in parallel threads do not disturb each
 //!   other; a tensor made on a thread the test spawned and did not bring in
 //!   is not counted, and the report flags device-global growth that the
 //!   hooked threads do not explain.
@@ -28,7 +28,7 @@ pub enum Scope {
     #[default]
     Auto,
     /// The test's thread, autograd's threads during its `backward()`, and
-    /// threads brought in with [`crate::current_test`].
+    /// threads brought in with [`crate::threads::current_test`].
     Thread,
     /// Every thread of the process.
     Process,

@@ -6,7 +6,7 @@
 //! goes unseen (the report then flags growth it cannot explain).
 //!
 //! ```no_run
-//! # use gpu_leak_test::current_test;
+//! # use gpu_leak_test::threads::current_test;
 //! // Inside a leak test's body:
 //! let test = current_test().expect("inside a leak test");
 //! // A std::thread:

@@ -11,8 +11,8 @@ mod common;
 
 use common::{allocated_size, LineMark};
 use gpu_leak_test::internals::probe::{self, Tracker};
-use gpu_leak_test::RetainedDuring;
-use gpu_leak_test::{Layer, LeakTest, Report, Verdict};
+use gpu_leak_test::report::RetainedDuring;
+use gpu_leak_test::{report::Layer, LeakTest, Report, Verdict};
 use tch::nn::{self, Module, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::LineMark;
-use gpu_leak_test::{BaselineMode, BaselineStatus, LeakTest, Options, Report, Verdict};
+use gpu_leak_test::{settings::BaselineMode, report::BaselineStatus, LeakTest, Options, Report, Verdict};
 use std::path::{Path, PathBuf};
 use tch::{nn, nn::Module, nn::OptimizerConfig, Kind, Tensor};
 
@@ -70,7 +70,7 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "a check never writes");
     // The page shows the baseline beside the run, and the bytes alive at
     // each peak stacked by site.
-    let files = gpu_leak_test::report::files::write_report(&grown, &root.join("reports"), gpu_leak_test::Plots::All).unwrap();
+    let files = gpu_leak_test::report::files::write_report(&grown, &root.join("reports"), gpu_leak_test::settings::Plots::All).unwrap();
     let page = std::fs::read_to_string(&files.page).unwrap();
     assert!(page.contains("<table id=\"baseline\">") && page.contains("<td class=\"fail\">"), "{page}");
     assert!(page.contains("id=\"peak-by-site\"") && page.contains(&format!("data-site=\"{site}\"")), "{page}");
@@ -107,7 +107,7 @@ fn without_a_baseline_a_test_passes_and_its_baseline_is_pending_in_the_index(dev
     assert!(report.passed(), "{report}");
     assert_eq!(report.baseline.as_ref().unwrap().status, BaselineStatus::Pending);
     let reports = root.join("reports");
-    gpu_leak_test::report::files::write_report(&report, &reports, gpu_leak_test::Plots::None).unwrap();
+    gpu_leak_test::report::files::write_report(&report, &reports, gpu_leak_test::settings::Plots::None).unwrap();
     let rows = std::fs::read_to_string(reports.join("index.rows")).unwrap();
     assert!(rows.contains("\"baseline\":\"pending\""), "{rows}");
     let page = std::fs::read_to_string(reports.join("index.html")).unwrap();

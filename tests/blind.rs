@@ -5,7 +5,7 @@
 mod common;
 
 use gpu_leak_test::internals::probe::sources::{switch_off, switch_off_host_objects};
-use gpu_leak_test::{Layer, LeakTest, Verdict};
+use gpu_leak_test::{report::Layer, LeakTest, Verdict};
 use std::sync::{Mutex, MutexGuard};
 use tch::{Device, Kind, Tensor};
 
@@ -23,7 +23,7 @@ fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
     for scope in ["thread", "process"] {
         let report = LeakTest::new("blind")
             .device(tch::Device::Cpu)
-            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
+            .scope(scope.parse::<gpu_leak_test::settings::Scope>().unwrap())
             .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
             .unwrap();
         let Verdict::CannotMeasure { layer, source, reason } = &report.verdict else {
@@ -42,7 +42,7 @@ fn a_blind_source_fails_as_cannot_measure_in_both_scopes_never_clean() {
     switch_off(Device::Cpu, false);
     let report = LeakTest::new("sighted")
         .device(tch::Device::Cpu)
-        .scope(gpu_leak_test::Scope::Process)
+        .scope(gpu_leak_test::settings::Scope::Process)
         .run(|device| kept.push(Tensor::zeros([64], (Kind::Float, device))))
         .unwrap();
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
@@ -61,7 +61,7 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
     for scope in ["thread", "process"] {
         let report = LeakTest::new("blind_host_objects")
             .device(tch::Device::Cpu)
-            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
+            .scope(scope.parse::<gpu_leak_test::settings::Scope>().unwrap())
             .run(|device| {
                 ran = true;
                 drop(Tensor::zeros([64], (Kind::Float, device)));
@@ -76,7 +76,7 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
         assert!(report.to_string().contains("CANNOT MEASURE in `blind_host_objects`"), "{report}");
     }
     switch_off_host_objects(false);
-    let report = LeakTest::new("host_objects_sighted").device(tch::Device::Cpu).scope(gpu_leak_test::Scope::Process).run(|device| drop(Tensor::zeros([64], (Kind::Float, device)))).unwrap();
+    let report = LeakTest::new("host_objects_sighted").device(tch::Device::Cpu).scope(gpu_leak_test::settings::Scope::Process).run(|device| drop(Tensor::zeros([64], (Kind::Float, device)))).unwrap();
     assert!(report.passed(), "{report}");
     assert_eq!(report.judged(Layer::HostObjects).unwrap().source, "operator new (the process's C++ heap)", "{report}");
 }
@@ -87,7 +87,7 @@ fn blind_host_objects_fail_as_cannot_measure_in_both_scopes_never_clean() {
 /// clean; with CUPTI free again it is judged.
 #[test]
 fn blind_driver_calls_and_a_second_cupti_subscriber_fail_as_cannot_measure() {
-    let Some(index) = gpu_leak_test::cuda_device_or_skip("blind_driver_calls_and_a_second_cupti_subscriber") else {
+    let Some(index) = gpu_leak_test::settings::cuda_device_or_skip("blind_driver_calls_and_a_second_cupti_subscriber") else {
         return;
     };
     let _switches = one_at_a_time();
@@ -96,7 +96,7 @@ fn blind_driver_calls_and_a_second_cupti_subscriber_fail_as_cannot_measure() {
     let run = |name: &str, scope: &str| {
         LeakTest::new(name)
             .device(tch::Device::Cuda(index))
-            .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
+            .scope(scope.parse::<gpu_leak_test::settings::Scope>().unwrap())
             .run(|device| drop(Tensor::zeros([64], (Kind::Float, device))))
             .unwrap()
     };

@@ -2,9 +2,9 @@
 //! CI) and again on CUDA where a GPU is present.
 mod common;
 
-use gpu_leak_test::{Phase, RetainedDuring};
+use gpu_leak_test::{report::Phase, report::RetainedDuring};
 use common::{allocated_size, LineMark};
-use gpu_leak_test::{Layer, LeakTest, Verdict};
+use gpu_leak_test::{report::Layer, LeakTest, Verdict};
 use tch::{Device, Kind, Tensor};
 
 /// A leak test located at the line that calls this.

@@ -12,7 +12,7 @@ fn run_body(options: Options, body: impl FnMut(Device)) {
 }
 
 fn cpu() -> Options {
-    Options { device: Some(gpu_leak_test::DeviceChoice::Cpu), ..Default::default() }
+    Options { device: Some(gpu_leak_test::settings::DeviceChoice::Cpu), ..Default::default() }
 }
 
 fn panic_text(result: std::thread::Result<()>) -> String {
@@ -49,7 +49,7 @@ fn environment_overrides_and_malformed_values() {
 
     // A malformed GPU_LEAK_TEST_REQUIRE_CUDA is an error too, where it is read.
     std::env::set_var("GPU_LEAK_TEST_REQUIRE_CUDA", "perhaps");
-    let text = panic_text(catch_unwind(|| run_body(Options { device: Some(gpu_leak_test::DeviceChoice::Auto), ..Default::default() }, |_| {})));
+    let text = panic_text(catch_unwind(|| run_body(Options { device: Some(gpu_leak_test::settings::DeviceChoice::Auto), ..Default::default() }, |_| {})));
     assert!(text.contains("GPU_LEAK_TEST_REQUIRE_CUDA"), "{text}");
     std::env::remove_var("GPU_LEAK_TEST_REQUIRE_CUDA");
     std::env::remove_var("GPU_LEAK_TEST_THRESHOLD_MB");

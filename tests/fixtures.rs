@@ -9,7 +9,7 @@
 //! check that.
 mod common;
 
-use gpu_leak_test::{Layer, LeakTest, Report, Verdict};
+use gpu_leak_test::{report::Layer, LeakTest, Report, Verdict};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -195,7 +195,7 @@ fn mlp(vs: &nn::VarStore, sizes: &[i64]) -> nn::Sequential {
 fn run(scenario: &Scenario, name: &str, device: &str, sites: &Sites) -> Result<Report, String> {
     // The build-time root: attribution shows the binary's (build-time) file
     // paths relative to it.
-    let device: gpu_leak_test::DeviceChoice = device.parse().map_err(|why: gpu_leak_test::InvalidValue| why.to_string())?;
+    let device: gpu_leak_test::settings::DeviceChoice = device.parse().map_err(|why: gpu_leak_test::settings::InvalidValue| why.to_string())?;
     let mut test = LeakTest::new(name).device(device).location(&scenario.location, env!("CARGO_MANIFEST_DIR"));
     let s = &scenario.settings;
     if let Some(v) = s.warmup {

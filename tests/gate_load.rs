@@ -12,10 +12,10 @@ use tch::{Kind, Tensor};
 /// A few large matmuls per iteration: work that keeps one GPU busy for
 /// about a second over warm-up and measured iterations, and keeps nothing.
 fn gate_load(name: &str) {
-    if gpu_leak_test::cuda_device_or_skip(name).is_none() {
+    if gpu_leak_test::settings::cuda_device_or_skip(name).is_none() {
         return;
     }
-    LeakTest::new(name).device(gpu_leak_test::DeviceChoice::Auto).check_with_setup(|device| {
+    LeakTest::new(name).device(gpu_leak_test::settings::DeviceChoice::Auto).check_with_setup(|device| {
         let a = Tensor::randn([8192, 8192], (Kind::Float, device));
         move || {
             let mut total = 0.0;

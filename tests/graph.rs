@@ -10,7 +10,7 @@
 mod common;
 
 use common::{allocated_size, LineMark};
-use gpu_leak_test::{Layer, Report, Verdict};
+use gpu_leak_test::{report::Layer, Report, Verdict};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

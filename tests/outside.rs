@@ -5,7 +5,7 @@
 mod common;
 
 use common::{cuda_device_or_skip, LineMark};
-use gpu_leak_test::{Layer, Report, Verdict};
+use gpu_leak_test::{report::Layer, Report, Verdict};
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void, CString};
 use tch::{Device, Kind, Tensor};

@@ -18,7 +18,7 @@ fn run(body: Body, name: String) -> Verdict {
     // apart (process scope would serialise them and count the noise).
     let report = LeakTest::new(name)
         .device(tch::Device::Cpu)
-        .scope(gpu_leak_test::Scope::Thread)
+        .scope(gpu_leak_test::settings::Scope::Thread)
         .run(|device| match body {
             Body::Clean => {
                 let _ = Tensor::ones([300], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);

@@ -90,7 +90,7 @@ fn stack_capture_names_this_file_and_line() {
     tracker.stop_recording();
 
     // The kept tensor's own records survive with it, in libtorch's host objects.
-    let survivors: Vec<_> = tracker.recorded_survivors().into_iter().filter(|s| s.layer != gpu_leak_test::Layer::HostObjects).collect();
+    let survivors: Vec<_> = tracker.recorded_survivors().into_iter().filter(|s| s.layer != gpu_leak_test::report::Layer::HostObjects).collect();
     assert_eq!(survivors.len(), 1, "only the kept tensor survives: {survivors:?}");
     let survivor = &survivors[0];
     assert_eq!((survivor.bytes, survivor.tag, survivor.on_owner_thread), (1332, 7, true));

@@ -154,7 +154,7 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
     assert_eq!(report.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.harness_time);
     assert_eq!(
         report.devices.iter().map(|d| d.layer).collect::<Vec<_>>(),
-        [gpu_leak_test::Layer::Tensors(Device::Cpu), gpu_leak_test::Layer::HostObjects]
+        [gpu_leak_test::report::Layer::Tensors(Device::Cpu), gpu_leak_test::report::Layer::HostObjects]
     );
     assert!(!cuda::is_loaded(), "libtorch's CUDA library was loaded for a test on the CPU");
 }
@@ -171,7 +171,7 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
     let mut kept = Vec::new();
     let report = gpu_leak_test::LeakTest::new("kept_pinned")
         .device(tch::Device::Cuda(index))
-        .scope(gpu_leak_test::Scope::Process)
+        .scope(gpu_leak_test::settings::Scope::Process)
         .run(|device| {
             let out = Tensor::ones([64, 64], (Kind::Float, device));
             kept.push(out.to_device(Device::Cpu).pin_memory(on));
@@ -187,7 +187,7 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
     let staging = Tensor::zeros([64, 64], (Kind::Float, Device::Cpu)).pin_memory(on);
     let report = gpu_leak_test::LeakTest::new("reused_staging")
         .device(tch::Device::Cuda(index))
-        .scope(gpu_leak_test::Scope::Process)
+        .scope(gpu_leak_test::settings::Scope::Process)
         .run(|device| {
             let out = Tensor::ones([64, 64], (Kind::Float, device));
             let mut staging = staging.shallow_clone();

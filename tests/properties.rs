@@ -81,7 +81,7 @@ fn run_program(program: &[Allocation], scope: &str) -> Report {
     let mut iteration = 0u32;
     LeakTest::new("property")
         .device(tch::Device::Cpu)
-        .scope(scope.parse::<gpu_leak_test::Scope>().unwrap())
+        .scope(scope.parse::<gpu_leak_test::settings::Scope>().unwrap())
         .warmup(WARMUP)
         .iterations(5)
         .attribution_iterations(ATTRIBUTION_ITERATIONS)

@@ -52,7 +52,7 @@ fn leaking_report(device: &str, cache_line: &LineMark, unwatched_line: &LineMark
 
 /// Iterations that ran before attribution: warm-up, measured, confirmation.
 fn iterations_before_attribution(report: &gpu_leak_test::Report) -> usize {
-    use gpu_leak_test::Phase;
+    use gpu_leak_test::report::Phase;
     report.samples.iter().filter(|s| matches!(s.phase, Phase::WarmUp | Phase::Measure | Phase::Confirm)).count()
 }
 
@@ -234,8 +234,8 @@ fn files_are_written_atomically_with_an_index() {
     let (a, b) = (LineMark::default(), LineMark::default());
     let failing = leaking_report("cpu", &a, &b);
     let passing = harness("clean_one", "cpu").run(|_| {}).unwrap();
-    let written = files::write_report(&failing, &dir, gpu_leak_test::Plots::Failing).unwrap();
-    let clean = files::write_report(&passing, &dir, gpu_leak_test::Plots::Failing).unwrap();
+    let written = files::write_report(&failing, &dir, gpu_leak_test::settings::Plots::Failing).unwrap();
+    let clean = files::write_report(&passing, &dir, gpu_leak_test::settings::Plots::Failing).unwrap();
     assert!(written.plot.is_some() && clean.plot.is_none(), "plots for failing tests only");
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporary files left: {names:?}");
@@ -245,7 +245,7 @@ fn files_are_written_atomically_with_an_index() {
     assert!(index.contains("watched_cache") && index.contains("clean_one") && index.contains(&plot_name), "{index}");
     // Writing into something that is not a folder fails with a reason.
     let not_a_folder = written.json.clone();
-    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::Plots::All).unwrap_err().to_string();
+    let error = files::write_report(&failing, &not_a_folder, gpu_leak_test::settings::Plots::All).unwrap_err().to_string();
     let json_name = not_a_folder.file_name().unwrap().to_string_lossy().into_owned();
     assert!(error.contains(&json_name), "{error}");
 }
@@ -367,7 +367,7 @@ fn sixteen_concurrent_writers_lose_no_row() {
                     let mut report = template.clone();
                     report.test = format!("writer_{writer}");
                     barrier.wait();
-                    files::write_report(&report, dir, gpu_leak_test::Plots::None).unwrap();
+                    files::write_report(&report, dir, gpu_leak_test::settings::Plots::None).unwrap();
                 });
             }
         });
@@ -392,7 +392,7 @@ fn a_250_character_test_name_is_written_and_kept_whole_in_the_report() {
     let mut report = leaking_report("cpu", &a, &b);
     report.test = format!("module::{}", "very_long_name_".repeat(16).chars().take(250).collect::<String>());
     let dir = scratch("long_name");
-    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::settings::Plots::All).unwrap();
     let text = std::fs::read_to_string(&written.json).unwrap();
     assert_eq!(json::from_json(&text).unwrap().report.test, report.test);
     assert!(written.json.file_name().unwrap().len() < 160);
@@ -418,7 +418,7 @@ fn a_panic_during_attribution_keeps_the_leak_and_says_where() {
     let Some(Verdict::Panicked { phase, iteration, message }) = &report.attribution_failure else {
         panic!("the attribution failure is kept: {report}")
     };
-    assert_eq!((*phase, *iteration), (gpu_leak_test::Phase::Attribution, 1));
+    assert_eq!((*phase, *iteration), (gpu_leak_test::report::Phase::Attribution, 1));
     assert!(message.contains("boom in attribution"));
     assert!(report.to_string().contains("attribution stopped"), "{report}");
 }
@@ -443,7 +443,7 @@ fn a_panic_during_attribution_keeps_the_tensors_verdict_beside_their_records() {
         })
         .unwrap();
     let Verdict::Leak(leak) = &report.verdict else { panic!("{report}") };
-    assert_eq!(report.verdict_layer, gpu_leak_test::Layer::Tensors(Device::Cpu), "{report}");
+    assert_eq!(report.verdict_layer, gpu_leak_test::report::Layer::Tensors(Device::Cpu), "{report}");
     assert_eq!(leak.bytes_per_iteration, 16.0, "{report}");
     assert!(matches!(report.attribution_failure, Some(Verdict::Panicked { iteration: 2, .. })), "{report}");
     let text = report.to_string();
@@ -458,7 +458,7 @@ fn a_should_panic_leak_test_is_shown_as_expected_in_the_index() {
         .run(|device| kept.push(Tensor::zeros([8], (Kind::Float, device))))
         .unwrap();
     let dir = scratch("expected_failure");
-    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::None).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::settings::Plots::None).unwrap();
     let index = std::fs::read_to_string(written.index).unwrap();
     assert!(index.contains("expected by #[should_panic]") && index.contains("class=\"expected\""), "{index}");
     assert!(index.contains(&report.top_site().unwrap().location.clone().unwrap()), "the site column: {index}");
@@ -473,11 +473,11 @@ fn a_failing_test_has_a_page_with_a_series_per_site() {
     let report = leaking_report("cpu", &a, &b);
     let dir = scratch("page");
     let passing = harness("clean_neighbour", "cpu").run(|_| {}).unwrap();
-    files::write_report(&passing, &dir, gpu_leak_test::Plots::All).unwrap();
-    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
+    files::write_report(&passing, &dir, gpu_leak_test::settings::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::settings::Plots::All).unwrap();
     // Written again: the index keeps its newest row only (the page's script
     // drops the older one; scripts/browser-check.sh checks the rendering).
-    files::write_report(&passing, &dir, gpu_leak_test::Plots::All).unwrap();
+    files::write_report(&passing, &dir, gpu_leak_test::settings::Plots::All).unwrap();
     let page = std::fs::read_to_string(&written.page).unwrap();
     let sites = report.attribution.as_ref().unwrap().sites.len();
     assert!(sites >= 2, "{report}");
@@ -503,7 +503,7 @@ fn merged_partitions_list_exactly_the_tests_of_the_whole_run() {
         for name in names {
             let mut report = template.clone();
             report.test = name.clone();
-            files::write_report(&report, dir, gpu_leak_test::Plots::None).unwrap();
+            files::write_report(&report, dir, gpu_leak_test::settings::Plots::None).unwrap();
         }
     };
     let whole = scratch("merge_whole");
@@ -542,8 +542,8 @@ fn merging_keeps_one_reports_row_and_files_and_refuses_its_own_output() {
     let mut passing = harness("twice_passing", "cpu").run(|_| {}).unwrap();
     passing.test = "suite::twice".into();
     let (newer, older) = (scratch("merge_newer"), scratch("merge_older"));
-    files::write_report(&leaking, &newer, gpu_leak_test::Plots::All).unwrap();
-    files::write_report(&passing, &older, gpu_leak_test::Plots::All).unwrap();
+    files::write_report(&leaking, &newer, gpu_leak_test::settings::Plots::All).unwrap();
+    files::write_report(&passing, &older, gpu_leak_test::settings::Plots::All).unwrap();
     // The older folder's row, written an hour earlier.
     let rows_path = older.join("index.rows");
     let aged: String = std::fs::read_to_string(&rows_path)
@@ -595,7 +595,7 @@ fn a_long_leak_writes_bounded_reports_and_names_the_full_series() {
     let (measured, confirmation) = report.window();
     assert_eq!(measured, iterations);
     assert_eq!(measured + confirmation, leak.iterations, "{report}");
-    let written = files::write_report(&report, &dir, gpu_leak_test::Plots::All).unwrap();
+    let written = files::write_report(&report, &dir, gpu_leak_test::settings::Plots::All).unwrap();
     report.files = Some(written.clone());
     let text = report.to_string();
     let json_bytes = std::fs::metadata(&written.json).unwrap().len();

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{allocated_size, LineMark};
-use gpu_leak_test::RetainedDuring;
-use gpu_leak_test::{current_test, LeakTest, Report, Verdict};
+use gpu_leak_test::report::RetainedDuring;
+use gpu_leak_test::{threads::current_test, LeakTest, Report, Verdict};
 use tch::{Device, Kind, Tensor};
 
 const FILE: &str = "tests/scope.rs";
@@ -17,7 +17,7 @@ fn leak_test(name: &str, device: &str, scope: &str) -> LeakTest {
     common::located(name).device(common::device(device)).scope(common::scope(scope))
 }
 
-fn leak_on(report: &Report, device: Device) -> &gpu_leak_test::Leak {
+fn leak_on(report: &Report, device: Device) -> &gpu_leak_test::report::Leak {
     assert_eq!(report.verdict_device, device, "{report}");
     let Verdict::Leak(leak) = &report.verdict else { panic!("expected a leak on {device:?}:\n{report}") };
     leak

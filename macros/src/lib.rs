@@ -34,8 +34,8 @@ use quote::quote;
 ///         .options(gpu_leak_test::Options {
 ///             threshold_mb: Some(1.0),                 // threshold_mb = 1.0
 ///             iterations: Some(8),                     // iterations = 8
-///             device: Some(gpu_leak_test::DeviceChoice::Cuda(0)), // device = "cuda"
-///             scope: Some(gpu_leak_test::Scope::Process),          // scope = "process"
+///             device: Some(gpu_leak_test::settings::DeviceChoice::Cuda(0)), // device = "cuda"
+///             scope: Some(gpu_leak_test::settings::Scope::Process),          // scope = "process"
 ///             ..Default::default()
 ///         })
 ///         .check_with_setup(|device| { let model = build(device); move || model.step() })

@@ -182,7 +182,7 @@ mod settings_tests {
     #[test]
     fn attribute_beats_environment_beats_default() {
         let vars = env(&[("GPU_LEAK_TEST_ITERATIONS", "9"), ("GPU_LEAK_TEST_WARMUP", "4"), ("GPU_LEAK_TEST_THRESHOLD_MB", "0.5")]);
-        let attribute = Options { iterations: Some(3), device: Some(crate::DeviceChoice::Cpu), ..Default::default() };
+        let attribute = Options { iterations: Some(3), device: Some(crate::device::DeviceChoice::Cpu), ..Default::default() };
         let settings = Settings::resolve_with(&attribute, vars, None).unwrap();
         assert_eq!(settings.iterations, 3);
         assert_eq!(settings.warmup, 4);
@@ -209,7 +209,7 @@ mod settings_tests {
         assert_eq!(s.peak_mb, None, "default");
         assert_eq!(s.report_dir.as_deref(), Some(std::path::Path::new("/crate/reports")));
         assert_eq!(s.plots, Plots::All);
-        assert!(s.baseline && s.baselines == crate::BaselineMode::Require);
+        assert!(s.baseline && s.baselines == crate::baseline::BaselineMode::Require);
         assert_eq!(s.baseline_dir.as_deref(), Some(std::path::Path::new("/crate/baselines")));
         // A bad value from the file names the file and the key.
         let config = ConfigFile::parse(std::path::Path::new("gpu-leak-test.yaml"), "defaults: { iterations: 0 }\n").unwrap_err();

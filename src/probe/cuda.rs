@@ -61,6 +61,7 @@ impl DriverMemory {
 
 /// Whether clearing cuBLAS workspaces did anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg(feature = "internals")]
 pub enum CublasWorkspaces {
     Cleared,
     /// libtorch has no `at::cuda::clearCublasWorkspaces` (a CPU-only build).
@@ -272,6 +273,7 @@ pub fn device_kind(index: usize) -> std::result::Result<(String, i32, i32), Stri
 }
 
 /// Frees the pinned blocks no tensor uses (`torch._C._host_emptyCache`).
+#[cfg(feature = "internals")]
 pub fn pinned_empty_cache() -> Result<()> {
     check_any()?;
     // SAFETY: no arguments.
@@ -290,6 +292,7 @@ pub(crate) fn pinned_canary(bytes: i64) -> Result<(i64, i64, i64)> {
 
 /// Returns cached blocks that no tensor uses to the driver
 /// (`torch.cuda.empty_cache()`): reserved drops, allocated does not.
+#[cfg(feature = "internals")]
 pub fn empty_cache() -> Result<()> {
     check_any()?;
     // SAFETY: no arguments.
@@ -342,6 +345,7 @@ pub fn process_memory(index: usize) -> std::result::Result<u64, String> {
 
 /// Frees cuBLAS's per-handle workspaces, which live in the caching allocator
 /// and outlive every tensor.
+#[cfg(feature = "internals")]
 pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
     check_any()?;
     let mut available: c_int = 0;

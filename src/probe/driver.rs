@@ -1,7 +1,7 @@
 //! Memory allocated through the CUDA driver, seen through CUPTI's callbacks
 //! on the driver's allocation calls (csrc/driver_calls.cpp): what code
 //! outside libtorch's allocators allocates (layer
-//! [`Layer::OutsideLibtorch`](crate::Layer::OutsideLibtorch)), and what
+//! [`Layer::OutsideLibtorch`](crate::layer::Layer::OutsideLibtorch)), and what
 //! libtorch's CUDA allocator asks the driver for, which counts tensors
 //! where the allocator reports nothing else (caching switched off, the
 //! `cudaMallocAsync` backend on the hook).
@@ -47,6 +47,7 @@ pub(crate) fn enabled() -> crate::error::Result<bool> {
 /// `GPU_LEAK_TEST_DRIVER_CALLS` says: for this crate's tests of the layer.
 /// Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub fn turn_on() {
     force(Some(true));
 }
@@ -55,6 +56,7 @@ pub fn turn_on() {
 /// follows `GPU_LEAK_TEST_DRIVER_CALLS` again (`None`), for observations
 /// opened from now on: for the benchmark's variants. Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub fn force(on: Option<bool>) {
     FORCED.store(on.map_or(0, |on| if on { 1 } else { 2 }), Ordering::Relaxed);
 }
@@ -102,6 +104,7 @@ pub(crate) fn count_cuda_allocator_calls() {
 /// Makes the driver's allocation calls uncounted (`off = true`) or counted
 /// again: for tests of the "cannot measure" verdict. Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub fn switch_off(off: bool) {
     SWITCHED_OFF.store(off, Ordering::Relaxed);
     // SAFETY: sets an atomic flag.
@@ -115,8 +118,10 @@ pub(crate) fn is_switched_off() -> bool {
 /// CUPTI held by a stand-in for a profiler until dropped: for tests of what
 /// a leak test says when another subscriber has CUPTI. Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub struct ProfilerStandIn(());
 
+#[cfg(feature = "internals")]
 impl ProfilerStandIn {
     /// Subscribes to CUPTI as torch.profiler's Kineto would. `Err` where it
     /// could not (another subscriber is there already, no CUPTI).
@@ -128,6 +133,7 @@ impl ProfilerStandIn {
     }
 }
 
+#[cfg(feature = "internals")]
 impl Drop for ProfilerStandIn {
     fn drop(&mut self) {
         let mut why = std::ptr::null_mut();

@@ -34,6 +34,7 @@ extern "C" {
     pub(crate) fn glt_torch_cuda_loaded(loaded: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_cuda_device_count(count: *mut i32) -> *mut c_char;
     pub(crate) fn glt_cuda_allocator_stats(device: i32, out: *mut RawAllocatorStats) -> *mut c_char;
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_cuda_empty_cache() -> *mut c_char;
     pub(crate) fn glt_cuda_reset_peak_stats(device: i32) -> *mut c_char;
     pub(crate) fn glt_cuda_synchronize(device: i32) -> *mut c_char;
@@ -44,9 +45,11 @@ extern "C" {
         available: *mut c_int,
         why: *mut *mut c_char,
     ) -> *mut c_char;
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_cuda_clear_cublas_workspaces(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_cuda_allocator_backend(name: *mut *mut c_char) -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_held_bytes(current: *mut i64, peak: *mut i64, available: *mut c_int) -> *mut c_char;
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_cuda_pinned_empty_cache() -> *mut c_char;
     pub(crate) fn glt_cuda_pinned_reset_peak() -> *mut c_char;
     pub(crate) fn glt_libtorch_version() -> *const c_char;
@@ -73,6 +76,7 @@ extern "C" {
     pub(crate) fn glt_host_objects_record_tag(tag: c_int, record: c_int);
     pub(crate) fn glt_process_set_sink(sink: Option<ProcessEventFn>);
     pub(crate) fn glt_process_observe_host_objects(observed: c_int);
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_host_objects_switch_off(off: c_int);
     pub(crate) fn glt_process_host_objects(bytes: *mut i64, events: *mut u64);
     pub(crate) fn glt_process_record_host_object_sites(record: c_int);
@@ -80,8 +84,10 @@ extern "C" {
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_driver_calls_start(why: *mut *mut c_char);
     pub(crate) fn glt_driver_calls_stop();
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_driver_calls_switch_off(off: c_int);
     pub(crate) fn glt_driver_calls_count_cuda_allocator(on: c_int);
+    #[cfg(feature = "internals")]
     pub(crate) fn glt_driver_calls_hold_cupti_as_profiler(hold: c_int, why: *mut *mut c_char);
     pub(crate) fn glt_driver_calls_canary(device: c_int, bytes: i64, pinned: c_int, walked: *mut c_int, why: *mut *mut c_char);
 }

@@ -492,6 +492,7 @@ impl Tracker {
         self.layer_view(Layer::Tensors(device))
     }
 
+    #[cfg(feature = "internals")]
     pub fn live_bytes(&self, device: Device) -> i64 {
         self.view(device).live_bytes
     }
@@ -533,6 +534,7 @@ impl Tracker {
 
     /// Devices other than `device` that saw events, with their views: a test
     /// measured on one device can still allocate on another.
+    #[cfg(feature = "internals")]
     pub fn other_devices(&self, device: Device) -> Vec<(Device, HookView)> {
         let measured = slot_of(device);
         (0..=OTHER_SLOT)
@@ -552,6 +554,7 @@ impl Tracker {
     /// Feeds one event as libtorch reports it (`size` > 0 an allocation,
     /// < 0 a free): for measuring the callback's own cost.
     #[doc(hidden)]
+    #[cfg(feature = "internals")]
     pub fn feed(&self, address: usize, size: i64, device: Device) {
         let (device_type, device_index) = match device {
             Device::Cpu => (DEVICE_TYPE_CPU, -1),
@@ -697,12 +700,14 @@ impl Tracker {
 
     /// Frees libtorch reported for blocks this tracker never saw allocated
     /// (made before it, or on threads without the hook); they are not counted.
+    #[cfg(feature = "internals")]
     pub fn foreign_frees(&self) -> u64 {
         lock(&self.state.counts).foreign_frees
     }
 
     /// Allocations (all devices) made on threads other than the one that
     /// created the tracker, such as autograd's threads during `backward()`.
+    #[cfg(feature = "internals")]
     pub fn allocations_on_other_threads(&self) -> u64 {
         lock(&self.state.counts).allocations_on_other_threads
     }
@@ -747,6 +752,7 @@ fn bit(device: Device) -> u32 {
 }
 
 /// Sets or clears `device`'s bit (see `sources::switch_off`).
+#[cfg(feature = "internals")]
 pub(super) fn switch_off_device(device: Device, off: bool) {
     if off {
         SWITCHED_OFF.fetch_or(bit(device), Relaxed);

@@ -17,9 +17,15 @@ mod symbols;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 
-pub use cuda::{AllocatorStats, CublasWorkspaces, DriverMemory, Stat};
-pub use hook::{HookGuard, HookView, LiveAllocation, OutOfMemory, Tracker};
-pub use stacks::{Frame, Stack, Symbolizer};
+pub use cuda::{AllocatorStats, DriverMemory};
+#[cfg(feature = "internals")]
+pub use cuda::{CublasWorkspaces, Stat};
+pub use hook::{HookGuard, HookView, LiveAllocation, Tracker};
+#[cfg(feature = "internals")]
+pub use hook::OutOfMemory;
+pub use stacks::Frame;
+#[cfg(feature = "internals")]
+pub use stacks::{Stack, Symbolizer};
 
 use tch::Device;
 
@@ -44,6 +50,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// Synchronises the device (so frees that wait on streams have happened)
     /// and reads every view. CUDA views that fail to read are left out.
+    #[cfg(feature = "internals")]
     pub fn take(device: Device, tracker: &Tracker) -> Snapshot {
         Snapshot::take_reading_host_heap(device, tracker, true)
     }

@@ -447,6 +447,7 @@ fn blind_reason(source: Source, device: Device, coverage: &Coverage) -> String {
 /// Makes every source blind on `device` (`off = true`) or sighted again:
 /// for tests of the "cannot measure" verdict. Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub fn switch_off(device: Device, off: bool) {
     super::hook::switch_off_device(device, off);
 }
@@ -459,6 +460,7 @@ static HOST_OBJECTS_SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
 /// the "cannot measure" verdict, and the benchmark's variants without the
 /// layer. Not for users.
 #[doc(hidden)]
+#[cfg(feature = "internals")]
 pub fn switch_off_host_objects(off: bool) {
     HOST_OBJECTS_SWITCHED_OFF.store(off, Ordering::Relaxed);
     // SAFETY: sets an atomic flag.

@@ -58,6 +58,7 @@ impl Stack {
         Stack { ips: ips.into_boxed_slice() }
     }
 
+    #[cfg(feature = "internals")]
     pub fn from_ips(ips: Vec<usize>) -> Stack {
         Stack { ips: ips.into_boxed_slice() }
     }
@@ -95,6 +96,7 @@ pub fn stop_walks_here<T>(f: impl FnOnce() -> T) -> T {
 /// The caching unwinder's rule-cache counts on this thread: (hits, misses
 /// from slot collisions, other misses). `None` where there is no caching
 /// unwinder. For benchmarks and diagnosis.
+#[cfg(feature = "internals")]
 pub fn unwinder_cache_stats() -> Option<(u64, u64, u64)> {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     return Some(super::unwind::cache_stats());
@@ -107,7 +109,9 @@ pub fn unwinder_cache_stats() -> Option<(u64, u64, u64)> {
 pub struct Frame {
     /// Demangled, without the hash suffix.
     pub function: String,
+    /// Its source file, where line tables say.
     pub file: Option<String>,
+    /// Its line in that file.
     pub line: Option<u32>,
 }
 
@@ -223,6 +227,7 @@ pub fn is_library_frame(frame: &Frame) -> bool {
 
 /// The innermost frame of the user's code, where an allocation "happened"
 /// from the user's point of view.
+#[cfg(feature = "internals")]
 pub fn first_user_frame(frames: &[Frame]) -> Option<&Frame> {
     frames.iter().find(|frame| !is_library_frame(frame))
 }

@@ -190,6 +190,7 @@ pub(crate) fn capture(ips: &mut Vec<usize>, max_frames: usize) -> bool {
 
 /// Rule-cache lookups of the calling thread's walker: (hits, misses by slot
 /// collision, other misses). For benchmarks.
+#[cfg(feature = "internals")]
 pub(crate) fn cache_stats() -> (u64, u64, u64) {
     CACHE.with(|cache| {
         let stats = cache.borrow().stats();

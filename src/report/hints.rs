@@ -52,7 +52,7 @@ fn leak_hints(report: &Report) -> Vec<String> {
                 .into(),
         );
     }
-    if let (Some(top), crate::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
+    if let (Some(top), crate::layer::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
         let place = top.location.as_deref().unwrap_or("the site above");
         hints.push(format!(
             "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
@@ -84,7 +84,7 @@ fn observation_hints(report: &Report) -> Vec<String> {
                  threads outside the test (a std::thread, a rayon pool, a tokio runtime's workers) likely keep \
                  tensors, or another test running at the same time does. Run in process scope (`scope = \"process\"`, \
                  the default under cargo nextest) to count every thread, or bring the threads in with \
-                 `gpu_leak_test::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
+                 `gpu_leak_test::threads::current_test()` (`.spawn(..)`, or `.attach_current_thread()` in a pool's start handler).",
                 crate::layer::device_name(unexplained.device),
                 super::bytes(rate.round().max(0.0) as u64),
             ));

@@ -13,21 +13,27 @@ pub(crate) mod series;
 pub mod svg;
 pub(crate) mod text;
 
+// What a report is made of, wherever it is decided.
+pub use crate::attribution::{Attribution, Site};
+pub use crate::baseline::{BaselineOutcome, BaselineStatus, FigureChange, Figures};
+pub use crate::layer::Layer;
+pub use crate::probe::Frame;
+pub use crate::refs::{GraphRetention, Reference};
+pub use crate::verdict::{Leak, LeakRate, Phase, RetainedDuring};
 pub use files::ReportFiles;
 pub use series::Thinned;
 pub use format::{bytes, signed_bytes, thousands};
 use crate::layer::device_serde;
 pub use json::ReportFile;
 
-use crate::attribution::Attribution;
 use crate::probe::Snapshot;
-use crate::verdict::{Phase, Verdict};
+use crate::verdict::Verdict;
 use std::time::Duration;
 use tch::Device;
 
 /// Reports written before layers were named judged tensors only.
-pub(crate) fn tensors_on_cpu() -> crate::Layer {
-    crate::Layer::Tensors(Device::Cpu)
+pub(crate) fn tensors_on_cpu() -> crate::layer::Layer {
+    crate::layer::Layer::Tensors(Device::Cpu)
 }
 
 /// The settings a run used, after attribute, environment and defaults.
@@ -141,7 +147,7 @@ pub struct DeviceResult {
     pub device: Device,
     /// The layer judged: the device's tensors, or libtorch's host objects.
     #[serde(default = "crate::report::tensors_on_cpu")]
-    pub layer: crate::Layer,
+    pub layer: crate::layer::Layer,
     /// What counted it (`the counting CPU allocator`, `the CUDA caching
     /// allocator's trace`, ...), after a canary allocation proved that it
     /// sees there.
@@ -230,7 +236,7 @@ pub struct Report {
     pub verdict_device: Device,
     /// The layer the verdict is about, on that device.
     #[serde(default = "crate::report::tensors_on_cpu")]
-    pub verdict_layer: crate::Layer,
+    pub verdict_layer: crate::layer::Layer,
     /// `"thread"` or `"process"`: whose allocations were counted.
     pub scope: String,
     /// The test expects to fail (`#[should_panic]`): the index shows a
@@ -366,7 +372,7 @@ impl Report {
     }
 
     /// What was judged in `layer`, where it was judged.
-    pub fn judged(&self, layer: crate::Layer) -> Option<&DeviceResult> {
+    pub fn judged(&self, layer: crate::layer::Layer) -> Option<&DeviceResult> {
         self.devices.iter().find(|d| d.layer == layer)
     }
 }

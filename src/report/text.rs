@@ -46,14 +46,14 @@ fn headline(report: &Report) -> String {
 /// device's tensors.
 pub(crate) fn place(report: &Report) -> String {
     match report.verdict_layer {
-        crate::Layer::HostObjects => format!("{} (libtorch's host objects)", device_name(report.verdict_device)),
-        crate::Layer::OutsideLibtorch(tch::Device::Cpu) => {
+        crate::layer::Layer::HostObjects => format!("{} (libtorch's host objects)", device_name(report.verdict_device)),
+        crate::layer::Layer::OutsideLibtorch(tch::Device::Cpu) => {
             "cpu (pinned host memory allocated through the CUDA driver outside libtorch)".to_string()
         }
-        crate::Layer::OutsideLibtorch(device) => {
+        crate::layer::Layer::OutsideLibtorch(device) => {
             format!("{} (device memory allocated through the CUDA driver outside libtorch's allocators)", device_name(device))
         }
-        crate::Layer::Tensors(_) => device_name(report.verdict_device),
+        crate::layer::Layer::Tensors(_) => device_name(report.verdict_device),
     }
 }
 
@@ -297,14 +297,14 @@ fn leak_lines(report: &Report, leak: &crate::verdict::Leak, out: &mut String) {
             let _ = writeln!(out, "  The growth follows no exact pattern: the rate is what was retained over the iterations.");
         }
     }
-    if report.verdict_layer == crate::Layer::HostObjects {
+    if report.verdict_layer == crate::layer::Layer::HostObjects {
         let _ = writeln!(
             out,
             "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
              records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
         );
     }
-    if let crate::Layer::OutsideLibtorch(_) = report.verdict_layer {
+    if let crate::layer::Layer::OutsideLibtorch(_) = report.verdict_layer {
         let _ = writeln!(
             out,
             "  What grew was allocated through the CUDA driver by code outside libtorch's allocators \
@@ -352,9 +352,9 @@ fn attribution_lines(report: &Report, out: &mut String) {
             None => String::new(),
         };
         match site.layer {
-            crate::Layer::HostObjects => note.insert_str(0, "  [host objects]"),
-            crate::Layer::OutsideLibtorch(_) => note.insert_str(0, "  [outside libtorch]"),
-            crate::Layer::Tensors(_) => {}
+            crate::layer::Layer::HostObjects => note.insert_str(0, "  [host objects]"),
+            crate::layer::Layer::OutsideLibtorch(_) => note.insert_str(0, "  [outside libtorch]"),
+            crate::layer::Layer::Tensors(_) => {}
         }
         let _ = writeln!(
             out,

@@ -3,7 +3,7 @@
 /// The library's own helper: the CUDA device to test on, or `None` after a
 /// visible skip line (a failure with GPU_LEAK_TEST_REQUIRE_CUDA=1).
 #[allow(unused_imports)]
-pub use gpu_leak_test::cuda_device_or_skip;
+pub use gpu_leak_test::settings::cuda_device_or_skip;
 
 /// The crate's folder at run time: cargo and nextest set CARGO_MANIFEST_DIR
 /// (nextest remaps it when an archive runs from another checkout, where the
@@ -112,11 +112,11 @@ macro_rules! on_each_device {
 }
 
 /// A scenario's device name (`cpu`, `cuda`, `cuda:N`) as the builder takes it.
-pub fn device(name: &str) -> gpu_leak_test::DeviceChoice {
+pub fn device(name: &str) -> gpu_leak_test::settings::DeviceChoice {
     name.parse().unwrap_or_else(|why| panic!("{why}"))
 }
 
 /// A scenario's scope name (`thread`, `process`, `auto`) as the builder takes it.
-pub fn scope(name: &str) -> gpu_leak_test::Scope {
+pub fn scope(name: &str) -> gpu_leak_test::settings::Scope {
     name.parse().unwrap_or_else(|why| panic!("{why}"))
 }
