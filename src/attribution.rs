@@ -53,7 +53,7 @@ pub struct Site {
     #[serde(default = "tensors_on_cpu")]
     pub layer: Layer,
     /// The name of the thread that allocated them, where it is not the
-    /// test's own (see [`crate::probe::LiveAllocation::thread`]).
+    /// test's own (as the tracker recorded it with each allocation).
     pub thread: Option<String>,
     /// A trimmed stack of one of its allocations, innermost first.
     pub stack: Vec<Frame>,
