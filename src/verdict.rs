@@ -642,7 +642,8 @@ const RECORDS_SLACK: f64 = 2.0;
 /// among steps of 800 B on the H200, 1.4 KiB among 370 B in CI) that an
 /// average would count as more records than the tensors have.
 pub(crate) fn typical_rise(baseline: i64, levels: &[i64]) -> f64 {
-    let mut rises: Vec<i64> = std::iter::once(baseline).chain(levels.iter().copied()).collect::<Vec<_>>().windows(2).map(|w| w[1] - w[0]).collect();
+    let mut previous = baseline;
+    let mut rises: Vec<i64> = levels.iter().map(|&level| level - std::mem::replace(&mut previous, level)).collect();
     if rises.is_empty() {
         return 0.0;
     }
@@ -670,14 +671,13 @@ pub(crate) fn records_of_kept_tensors(host_bytes_per_iteration: f64, tensors_per
 /// compared, so one arena growth on a clean test is not a finding. Called
 /// where every judged layer stayed flat.
 pub(crate) fn host_heap_growth(levels: &[i64], spacing: u32) -> Option<f64> {
-    let mut rises: Vec<i64> = levels.windows(2).map(|w| w[1] - w[0]).collect();
-    if rises.len() < 2 || rises.iter().any(|&rise| rise <= 0) {
+    let steps = levels.len().saturating_sub(1);
+    if steps < 2 || levels.windows(2).any(|w| w[1] <= w[0]) {
         return None;
     }
-    rises.sort_unstable();
     let spacing = spacing.max(1) as f64;
-    let median = rises[rises.len() / 2] as f64 / spacing;
-    let average = (levels[levels.len() - 1] - levels[0]) as f64 / rises.len() as f64 / spacing;
+    let median = typical_rise(levels[0], &levels[1..]) / spacing;
+    let average = (levels[steps] - levels[0]) as f64 / steps as f64 / spacing;
     (median >= HOST_HEAP_NOTE_BYTES).then_some(average)
 }
 
