@@ -30,6 +30,23 @@ const SUPPORTED: &str = include_str!("libtorch-versions.tsv");
 
 include!("build_support/libtorch_version.rs");
 
+/// The event kinds shared with the Rust side (build_support/event_kinds.rs).
+#[allow(dead_code)] // build.rs reads only the shim's kinds
+mod event_kinds {
+    include!("build_support/event_kinds.rs");
+}
+
+/// Writes glt_event_kinds.h into `out`: the shim's names for the kinds
+/// whose one definition is build_support/event_kinds.rs.
+fn write_event_kinds_header(out: &std::path::Path) {
+    let mut header = String::from("// Written by build.rs from build_support/event_kinds.rs; do not edit.\n#pragma once\n#include <cstdint>\nnamespace glt {\n");
+    for (name, value) in event_kinds::SHIM_EVENT_KINDS {
+        header += &format!("constexpr int32_t {name} = {value};\n");
+    }
+    header += "}  // namespace glt\n";
+    std::fs::write(out.join("glt_event_kinds.h"), header).expect("OUT_DIR is writable");
+}
+
 /// Fails the build, naming the supported releases and what to do, where the
 /// libtorch whose headers are in `include` is not one a supported tch pins
 /// (see build_support/libtorch_version.rs). libtorch 2.10 and older keep
@@ -54,6 +71,7 @@ fn check_libtorch(include: &std::path::Path, lib_dir: &std::path::Path) {
 fn main() {
     println!("cargo:rerun-if-changed=libtorch-versions.tsv");
     println!("cargo:rerun-if-changed=build_support/libtorch_version.rs");
+    println!("cargo:rerun-if-changed=build_support/event_kinds.rs");
     for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp", "csrc/driver_calls.cpp"] {
         println!("cargo:rerun-if-changed={file}");
     }
@@ -75,7 +93,10 @@ fn main() {
     };
     let include = lib_dir.join("../include");
     check_libtorch(&include, &lib_dir);
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    write_event_kinds_header(&out);
     let mut build = cc::Build::new();
+    build.include(&out);
     match cuda_runtime_headers(&lib_dir) {
         Some(cuda_include) => {
             build.include(cuda_include).define("GLT_CUDA_TRACE", None);

@@ -199,7 +199,7 @@ const VARIANTS: [Variant; 7] = [
 /// of the variant installed, and stack walks ending at this frame.
 fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     let tensors_only = matches!(variant, Variant::CountingTensorsOnly | Variant::ProcessTensorsOnly);
-    gpu_leak_test::internals::probe::sources::switch_off_host_objects(tensors_only);
+    gpu_leak_test::internals::switches::switch_off_host_objects(tensors_only);
     gpu_leak_test::internals::probe::driver::force((variant == Variant::ProcessWithoutDriverCalls).then_some(false));
     let observation = matches!(variant, Variant::Process | Variant::ProcessTensorsOnly | Variant::ProcessWithoutDriverCalls)
         .then(|| Observation::open(true).unwrap());
@@ -213,7 +213,7 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     tracker.stop_recording();
     drop(hook);
     drop(observation);
-    gpu_leak_test::internals::probe::sources::switch_off_host_objects(false);
+    gpu_leak_test::internals::switches::switch_off_host_objects(false);
     gpu_leak_test::internals::probe::driver::force(None);
     value
 }

@@ -6,6 +6,13 @@
 #include <cstdint>
 #include <string>
 
+// The device types of the events the shim reports (kHostObjectsDeviceType,
+// kOutsideLibtorchDeviceType, kCudaAllocatorCallsDeviceType,
+// kPinnedByLibtorchDeviceType): build.rs writes them from
+// build_support/event_kinds.rs, their one definition, which the Rust side
+// reads too.
+#include "glt_event_kinds.h"
+
 namespace glt {
 
 // A copy of `text` on the malloc heap, for the Rust side to free with
@@ -23,22 +30,6 @@ struct CodeRange {
 // object holding `address` (library == nullptr); empty where none is
 // loaded (driver_calls.cpp).
 CodeRange code_of(const char* library, uintptr_t address = 0);
-
-// The device type the Rust side reads as "libtorch's host objects": the C++
-// heap, counted through the replaceable operator new (host_objects.cpp).
-// c10's device types are all >= 0.
-constexpr int32_t kHostObjectsDeviceType = -2;
-
-// The device types of allocations made through the CUDA driver
-// (driver_calls.cpp): outside libtorch's allocators, and by libtorch's CUDA
-// allocator itself (its segments; with caching off or the cudaMallocAsync
-// backend, each tensor). The index is the CUDA device, or -1 for pinned
-// host memory.
-constexpr int32_t kOutsideLibtorchDeviceType = -3;
-constexpr int32_t kCudaAllocatorCallsDeviceType = -4;
-// Pinned host memory libtorch's caching host allocator asks the driver for
-// (pin_memory()): CPU tensors.
-constexpr int32_t kPinnedByLibtorchDeviceType = -5;
 
 // Threads with a gpu-leak-test hook pushed, and whether a process-wide
 // observation is open: operator new reports only while one is non-zero.

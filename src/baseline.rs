@@ -494,6 +494,91 @@ pub(crate) fn update_command(test: &str) -> String {
     format!("{MODE_VAR}=update cargo test -- {test}")
 }
 
+/// What a run's baseline check needs: who the test is, where it ran, and
+/// its settings for baselines.
+pub(crate) struct Check<'a> {
+    pub(crate) test: &'a str,
+    pub(crate) device: tch::Device,
+    pub(crate) crate_folder: Option<&'a std::path::Path>,
+    pub(crate) folder: Option<&'a std::path::Path>,
+    pub(crate) mode: BaselineMode,
+    pub(crate) tolerance_pct: f64,
+}
+
+/// A baseline that cannot be used, which fails the test: the file as the
+/// report names it, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Unusable {
+    pub(crate) file: String,
+    pub(crate) reason: String,
+}
+
+/// What a baseline check found: the outcome (which figures rose over the
+/// baseline), where there is one, and a baseline that cannot be used.
+#[derive(Debug, Default)]
+pub(crate) struct Checked {
+    pub(crate) outcome: Option<BaselineOutcome>,
+    pub(crate) unusable: Option<Unusable>,
+}
+
+/// Compares a run's figures (by layer name) with the test's baseline, or
+/// writes it (`GPU_LEAK_TEST_BASELINES=update`). A baseline that is
+/// required and missing, or cannot be read or written, is unusable.
+pub(crate) fn check(check: &Check<'_>, figures: BTreeMap<String, Figures>) -> Checked {
+    match compare_or_write(check, figures) {
+        Ok(outcome) => Checked { outcome: Some(outcome), unusable: None },
+        Err((unusable, outcome)) => Checked { outcome: outcome.map(|o| *o), unusable: Some(unusable) },
+    }
+}
+
+type Unused = (Unusable, Option<Box<BaselineOutcome>>);
+
+fn compare_or_write(check: &Check<'_>, figures: BTreeMap<String, Figures>) -> std::result::Result<BaselineOutcome, Unused> {
+    let unusable = |file: String, reason: String| Unusable { file, reason };
+    let kind = DeviceKind::of(check.device).map_err(|why| {
+        (unusable("(none)".into(), format!("the device's kind, which names the baseline, is unknown: {why}")), None)
+    })?;
+    let binary = TestBinary::current();
+    let owner = Owner { test: check.test, binary: &binary };
+    let name = file_name(owner, &kind);
+    let folder = check.folder.map(std::path::Path::to_path_buf).or_else(|| check.crate_folder.map(|c| c.join(FOLDER)));
+    let Some(folder) = folder else {
+        let reason = "the crate's folder is unknown here (no CARGO_MANIFEST_DIR); set baseline_dir".into();
+        return Err((unusable(format!("{FOLDER}/{name}"), reason), None));
+    };
+    let path = folder.join(&name);
+    // Shown relative to the crate, as the pull request's diff shows it.
+    let file = check
+        .crate_folder
+        .and_then(|c| path.strip_prefix(c).ok().map(|p| p.display().to_string()))
+        .unwrap_or_else(|| path.display().to_string());
+    let mut outcome = BaselineOutcome::new(file.clone(), &kind, check.tolerance_pct, figures);
+    match check.mode {
+        BaselineMode::Update => match write(&path, owner, &kind, &outcome.measured) {
+            Ok(()) => outcome.status = BaselineStatus::Written,
+            Err(why) => return Err((unusable(file, why), None)),
+        },
+        mode => match read(&path, owner, &kind) {
+            Err(why) => return Err((unusable(file, why), None)),
+            Ok(None) if mode == BaselineMode::Require => {
+                let reason = format!(
+                    "there is none, and {MODE_VAR}=require asks for one. Write it with `{}`, review it and commit it",
+                    update_command(check.test)
+                );
+                outcome.status = BaselineStatus::Missing;
+                return Err((unusable(file, reason), Some(Box::new(outcome))));
+            }
+            Ok(None) => outcome.status = BaselineStatus::Pending,
+            Ok(Some(recorded)) => {
+                let (over, lower) = compare(&outcome.measured, &recorded, check.tolerance_pct);
+                outcome.status = if over.is_empty() { BaselineStatus::Within } else { BaselineStatus::Over };
+                (outcome.baseline, outcome.over, outcome.lower) = (Some(recorded), over, lower);
+            }
+        },
+    }
+    Ok(outcome)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

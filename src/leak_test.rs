@@ -173,13 +173,13 @@ impl LeakTest {
         Settings::resolve(&self.options, &self.name, self.crate_root().as_deref())
     }
 
-    /// The folder of the crate under test, where `gpu-leak-test.yaml` lives:
-    /// the one given to [`LeakTest::location`] where it exists, else
-    /// CARGO_MANIFEST_DIR at run time, which cargo and nextest set (nextest
-    /// remaps it when it runs an archive on a machine where the build-time
-    /// path does not exist).
+    /// The folder of the crate under test, where `gpu-leak-test.yaml` and
+    /// the baselines live: the one given to [`LeakTest::location`] where it
+    /// exists, unless CARGO_MANIFEST_DIR at run time is another checkout of
+    /// the same crate (nextest remaps it when it runs an archive elsewhere);
+    /// else CARGO_MANIFEST_DIR at run time, which cargo and nextest set.
     pub fn crate_root(&self) -> Option<PathBuf> {
-        self.identity().crate_root()
+        crate::protocol::crate_folder(self.root.as_deref())
     }
 
     /// Who the protocol measures.
@@ -187,7 +187,7 @@ impl LeakTest {
         TestIdentity {
             name: self.name.clone(),
             location: self.location.clone(),
-            root: self.root.clone(),
+            crate_folder: self.crate_root(),
             expected_failure: self.expected_failure,
         }
     }

@@ -77,6 +77,12 @@ pub mod internals {
     pub mod attribution;
     pub mod device;
     pub mod probe;
+    /// Switches that make a layer's sources blind, for the "cannot
+    /// measure" tests and the benchmark's variants without a layer.
+    pub mod switches {
+        pub use crate::layer::host_objects::switch_off_host_objects;
+        pub use crate::layer::tensors::switch_off;
+    }
 }
 #[cfg(not(feature = "internals"))]
 #[path = "."]

@@ -445,6 +445,17 @@ impl Verdict {
         )
     }
 
+    /// Where the body itself failed (it panicked, ran out of memory or
+    /// returned an error): the phase, the iteration and the message.
+    pub fn body_failure(&self) -> Option<(Phase, u32, &str)> {
+        match self {
+            Verdict::Panicked { phase, iteration, message }
+            | Verdict::OutOfMemory { phase, iteration, message }
+            | Verdict::BodyError { phase, iteration, message } => Some((*phase, *iteration, message)),
+            _ => None,
+        }
+    }
+
     /// A short name for summaries and machine-readable output.
     pub fn label(&self) -> &'static str {
         match self {

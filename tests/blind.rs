@@ -4,7 +4,7 @@
 //! binary, since switching a source off is process-wide.
 mod common;
 
-use gpu_leak_test::internals::probe::sources::{switch_off, switch_off_host_objects};
+use gpu_leak_test::internals::switches::{switch_off, switch_off_host_objects};
 use gpu_leak_test::{report::Layer, LeakTest, Verdict};
 use std::sync::{Mutex, MutexGuard};
 use tch::{Device, Kind, Tensor};

@@ -40,14 +40,9 @@ const OUTSIDE_CUDA_SLOTS: usize = MAX_CUDA_DEVICES + 4;
 const ALLOCATOR_CALLS_SLOTS: usize = OUTSIDE_CUDA_SLOTS + MAX_CUDA_DEVICES;
 const PINNED_SLOT: usize = ALLOCATOR_CALLS_SLOTS + MAX_CUDA_DEVICES;
 const SLOTS: usize = PINNED_SLOT + 1;
-/// libtorch's c10::DeviceType values, and the shim's own for the C++ heap
-/// and the driver's allocations (csrc/shim.h).
-const DEVICE_TYPE_CPU: i32 = 0;
-const DEVICE_TYPE_CUDA: i32 = 1;
-const DEVICE_TYPE_HOST_OBJECTS: i32 = -2;
-const DEVICE_TYPE_OUTSIDE_LIBTORCH: i32 = -3;
-const DEVICE_TYPE_CUDA_ALLOCATOR_CALLS: i32 = -4;
-const DEVICE_TYPE_PINNED_BY_LIBTORCH: i32 = -5;
+// libtorch's c10::DeviceType values, and the shim's own kinds for the C++
+// heap and the driver's allocations: one definition with the shim's header.
+include!("../../build_support/event_kinds.rs");
 
 fn cuda_index(device_index: i32) -> Option<usize> {
     // A CUDA event without an index belongs to the current device; libtorch
@@ -76,13 +71,10 @@ fn slot_of(device: Device) -> usize {
     }
 }
 
+/// The slot of the events the shim reports for `layer` (its home names
+/// their kind); `OTHER_SLOT` for a layer the hook does not count.
 fn slot_of_layer(layer: Layer) -> usize {
-    match layer {
-        Layer::Tensors(device) => slot_of(device),
-        Layer::HostObjects => HOST_OBJECTS_SLOT,
-        Layer::OutsideLibtorch(Device::Cuda(index)) => slot_of_raw(DEVICE_TYPE_OUTSIDE_LIBTORCH, index as i32),
-        Layer::OutsideLibtorch(_) => OUTSIDE_PINNED_SLOT,
-    }
+    layer.event_kind().map_or(OTHER_SLOT, |(device_type, index)| slot_of_raw(device_type, index))
 }
 
 /// The layer a slot's blocks count in: what libtorch's CUDA allocator asked
@@ -739,7 +731,7 @@ impl Drop for HookGuard {
     }
 }
 
-/// Devices whose sources a test switched off (`sources::switch_off`), one bit per
+/// Devices whose sources a test switched off (`layer::tensors::switch_off`), one bit per
 /// tracker slot: the CPU is bit 0, cuda:N bit N+1.
 static SWITCHED_OFF: AtomicU32 = AtomicU32::new(0);
 
@@ -751,9 +743,9 @@ fn bit(device: Device) -> u32 {
     }
 }
 
-/// Sets or clears `device`'s bit (see `sources::switch_off`).
+/// Sets or clears `device`'s bit (see `layer::tensors::switch_off`).
 #[cfg(feature = "internals")]
-pub(super) fn switch_off_device(device: Device, off: bool) {
+pub(crate) fn switch_off_device(device: Device, off: bool) {
     if off {
         SWITCHED_OFF.fetch_or(bit(device), Relaxed);
     } else {
@@ -762,7 +754,7 @@ pub(super) fn switch_off_device(device: Device, off: bool) {
 }
 
 /// Whether a test switched `device`'s sources off.
-pub(super) fn is_device_switched_off(device: Device) -> bool {
+pub(crate) fn is_device_switched_off(device: Device) -> bool {
     SWITCHED_OFF.load(Relaxed) & bit(device) != 0
 }
 

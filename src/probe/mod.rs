@@ -3,14 +3,13 @@
 //! them for one device at one moment.
 pub mod cuda;
 pub mod driver;
-mod ffi;
+pub(crate) mod ffi;
 pub mod hook;
 pub mod host;
 pub(crate) mod libtorch;
 #[cfg(target_os = "linux")]
 mod objects;
 pub mod process;
-pub mod sources;
 pub mod stacks;
 #[cfg(target_os = "linux")]
 mod symbols;
@@ -68,6 +67,12 @@ impl Snapshot {
         };
         let host_heap = if host_heap { host::heap_in_use() } else { None };
         Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap, process: None }
+    }
+
+    /// A snapshot of nothing, for scripted samples.
+    #[cfg(test)]
+    pub(crate) fn empty() -> Snapshot {
+        Snapshot { device: Device::Cpu, hook: HookView::default(), allocator: None, driver: None, host_heap: None, process: None }
     }
 
     /// The same, with the driver's per-process figure where NVML gives one.

@@ -5,6 +5,7 @@ pub mod files;
 mod format;
 pub mod index;
 pub(crate) mod hints;
+pub(crate) mod notes;
 pub mod page;
 pub mod json;
 pub(crate) mod series;

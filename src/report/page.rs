@@ -136,10 +136,7 @@ fn views(report: &Report, html: &mut String) {
 fn failure_marker(report: &Report, html: &mut String) {
     let failures = [Some(&report.verdict), report.attribution_failure.as_ref()];
     for failure in failures.into_iter().flatten() {
-        if let Verdict::Panicked { phase, iteration, message }
-        | Verdict::OutOfMemory { phase, iteration, message }
-        | Verdict::BodyError { phase, iteration, message } = failure
-        {
+        if let Some((phase, iteration, message)) = failure.body_failure() {
             let _ = writeln!(
                 html,
                 "<p class=\"marker\" id=\"failure\">&#9888; {} in {phase} iteration {iteration}</p>\n<pre>{}</pre>",

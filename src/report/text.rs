@@ -45,16 +45,7 @@ fn headline(report: &Report) -> String {
 /// Where the verdict is: the device, and the layer where it is not the
 /// device's tensors.
 pub(crate) fn place(report: &Report) -> String {
-    match report.verdict_layer {
-        crate::layer::Layer::HostObjects => format!("{} (libtorch's host objects)", device_name(report.verdict_device)),
-        crate::layer::Layer::OutsideLibtorch(tch::Device::Cpu) => {
-            "cpu (pinned host memory allocated through the CUDA driver outside libtorch)".to_string()
-        }
-        crate::layer::Layer::OutsideLibtorch(device) => {
-            format!("{} (device memory allocated through the CUDA driver outside libtorch's allocators)", device_name(device))
-        }
-        crate::layer::Layer::Tensors(_) => device_name(report.verdict_device),
-    }
+    report.verdict_layer.place()
 }
 
 /// One line for a passing test (shown with --nocapture): its real verdict.
@@ -297,20 +288,8 @@ fn leak_lines(report: &Report, leak: &crate::verdict::Leak, out: &mut String) {
             let _ = writeln!(out, "  The growth follows no exact pattern: the rate is what was retained over the iterations.");
         }
     }
-    if report.verdict_layer == crate::layer::Layer::HostObjects {
-        let _ = writeln!(
-            out,
-            "  What grew is libtorch's host objects, its C++ heap (autograd graph nodes, saved-variable \
-             records, TensorImpls), not tensor storage: a kept graph, or kept tensors' records."
-        );
-    }
-    if let crate::layer::Layer::OutsideLibtorch(_) = report.verdict_layer {
-        let _ = writeln!(
-            out,
-            "  What grew was allocated through the CUDA driver by code outside libtorch's allocators \
-             (cuMemAlloc, cudaMalloc, cudaHostAlloc, cuMemCreate), seen through CUPTI: libtorch's \
-             allocator statistics and empty_cache() do not know it."
-        );
+    if let Some(what_grew) = report.verdict_layer.what_grew() {
+        let _ = writeln!(out, "  {what_grew}");
     }
 }
 
@@ -351,10 +330,8 @@ fn attribution_lines(report: &Report, out: &mut String) {
             None if site.only_last_iteration(last) => "  (last iteration only: replaced each time, not piling up)".into(),
             None => String::new(),
         };
-        match site.layer {
-            crate::layer::Layer::HostObjects => note.insert_str(0, "  [host objects]"),
-            crate::layer::Layer::OutsideLibtorch(_) => note.insert_str(0, "  [outside libtorch]"),
-            crate::layer::Layer::Tensors(_) => {}
+        if let Some(label) = site.layer.site_label() {
+            note.insert_str(0, &format!("  [{label}]"));
         }
         let _ = writeln!(
             out,
@@ -708,11 +685,8 @@ impl Report {
     /// where a failure stopped the test early.
     fn iterations_run(&self) -> String {
         let s = &self.settings;
-        if let Verdict::Panicked { phase, iteration, .. }
-        | Verdict::OutOfMemory { phase, iteration, .. }
-        | Verdict::BodyError { phase, iteration, .. } = &self.verdict
-        {
-            let at = if *phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
+        if let Some((phase, iteration, _)) = self.verdict.body_failure() {
+            let at = if phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
             return format!("Stopped {at}, of {} warm-up + {} measured iterations asked for", s.warmup, s.iterations);
         }
         let count = |phase: Phase| self.samples.iter().filter(|sample| sample.phase == phase).count() as u32;

@@ -1,0 +1,350 @@
+//! The layers of memory a leak test judges, each with its own source and
+//! verdict.
+use std::fmt;
+use tch::Device;
+
+/// How reports and the JSON name a device: `cpu`, `cuda:0`.
+pub(crate) fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// The inverse of [`device_name`] for the devices a leak test measures.
+pub(crate) fn device_from_name(name: &str) -> Option<Device> {
+    match name {
+        "cpu" => Some(Device::Cpu),
+        other => other.strip_prefix("cuda:")?.parse().ok().map(Device::Cuda),
+    }
+}
+
+/// `tch::Device` in the JSON: its name (`cpu`, `cuda:0`).
+pub(crate) mod device_serde {
+    use tch::Device;
+
+    pub(crate) fn serialize<S: serde::Serializer>(device: &Device, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::device_name(*device))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Device, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+        super::device_from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a device name")))
+    }
+}
+
+pub(crate) mod host_objects;
+pub(crate) mod outside_libtorch;
+pub(crate) mod tensors;
+
+use crate::probe::hook::{HookView, Tracker};
+use crate::probe::process::Coverage;
+use crate::verdict::{Leak, Verdict};
+
+/// One judged layer of memory. Each has one home, a module of its own
+/// beside this one, that says what it is and how it is counted, proved and
+/// judged ([`Home`]); this file only registers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Layer {
+    /// Tensor memory libtorch allocates on a device: host memory through its
+    /// CPU allocator on the CPU (pinned host memory too, in process scope),
+    /// device memory through its CUDA allocator on CUDA.
+    Tensors(Device),
+    /// libtorch's C++ heap on the host: autograd's graph nodes,
+    /// saved-variable records, `TensorImpl`s and libtorch's own containers,
+    /// counted through operator new. Rust's heap (a `Vec<f64>` of losses) is
+    /// not in it.
+    HostObjects,
+    /// Memory allocated through the CUDA driver by code outside libtorch's
+    /// allocators: on a CUDA device (a custom kernel crate's `cuMemAlloc`,
+    /// NCCL's buffers, a library's `cudaMalloc`), or pinned host memory on
+    /// the CPU (`cudaHostAlloc` outside libtorch's caching host allocator).
+    /// Seen through CUPTI's callbacks on the driver's allocation calls.
+    OutsideLibtorch(Device),
+}
+
+/// Every layer's home, for reading a layer back from its name.
+const HOMES: [&dyn Home; 3] = [&tensors::Tensors, &host_objects::HostObjects, &outside_libtorch::OutsideLibtorch];
+
+/// The layers a test follows: the CPU's tensors and libtorch's host
+/// objects first, then every CUDA device of the machine where CUDA is
+/// loaded (nothing can allocate on CUDA otherwise; see `cuda::is_loaded`),
+/// then, for a CUDA body, what the driver gives code outside libtorch.
+pub(crate) fn followed(body: Device) -> Vec<Layer> {
+    let mut layers = vec![Layer::Tensors(Device::Cpu), Layer::HostObjects];
+    layers.extend((0..crate::probe::cuda::loaded_device_count()).map(|i| Layer::Tensors(Device::Cuda(i))));
+    if !layers.contains(&Layer::Tensors(body)) {
+        layers.push(Layer::Tensors(body));
+    }
+    layers.extend(outside_libtorch::followed(body));
+    layers
+}
+
+impl Layer {
+    /// The layer's home, and the device it is on.
+    fn home(self) -> (&'static dyn Home, Device) {
+        match self {
+            Layer::Tensors(device) => (&tensors::Tensors, device),
+            Layer::HostObjects => (&host_objects::HostObjects, Device::Cpu),
+            Layer::OutsideLibtorch(device) => (&outside_libtorch::OutsideLibtorch, device),
+        }
+    }
+
+    /// The device whose memory it is: the CPU for the C++ heap.
+    pub fn device(self) -> Device {
+        self.home().1
+    }
+
+    /// Its name in reports and the JSON: `cpu`, `cuda:0`, `host-objects`,
+    /// `outside-libtorch:cuda:0`, `outside-libtorch:cpu`.
+    pub fn name(self) -> String {
+        let (home, device) = self.home();
+        home.name(device)
+    }
+
+    /// The inverse of [`Layer::name`].
+    pub fn from_name(name: &str) -> Option<Layer> {
+        HOMES.iter().find_map(|home| home.parse(name))
+    }
+
+    /// The layer in a few words, for a sentence or a legend:
+    /// `tensors on cuda:0`, `libtorch's host objects`.
+    pub fn plain_name(self) -> String {
+        let (home, device) = self.home();
+        home.plain_name(device)
+    }
+
+    /// What memory it is, for a reader.
+    pub fn description(self) -> &'static str {
+        let (home, device) = self.home();
+        home.description(device)
+    }
+
+    /// Where a verdict on it is, for a report's first line: `cuda:0`,
+    /// `cpu (libtorch's host objects)`.
+    pub(crate) fn place(self) -> String {
+        let (home, device) = self.home();
+        home.place(device)
+    }
+
+    /// A sentence on what grew, where the layer is not plain tensors.
+    pub(crate) fn what_grew(self) -> Option<&'static str> {
+        self.home().0.what_grew()
+    }
+
+    /// The label beside its allocation sites, where it is not plain tensors.
+    pub(crate) fn site_label(self) -> Option<&'static str> {
+        self.home().0.site_label()
+    }
+
+    /// The device type and index the shim's events for it carry
+    /// (build_support/event_kinds.rs), where the hook counts it.
+    pub(crate) fn event_kind(self) -> Option<(i32, i32)> {
+        let (home, device) = self.home();
+        home.event_kind(device)
+    }
+
+    /// Whether its count keeps a peak, so a budget or a baseline can bound it.
+    pub(crate) fn keeps_peak(self) -> bool {
+        self.home().0.keeps_peak()
+    }
+
+    /// How it is counted in this scope, before its canary proves it.
+    pub(crate) fn count(self, process_scope: bool, coverage: &Coverage) -> Box<dyn Counting> {
+        let (home, device) = self.home();
+        home.count(device, process_scope, coverage)
+    }
+
+    /// Its verdict on a leak once attribution ran.
+    pub(crate) fn after_attribution(self, leak: &Leak, found: &Attributed) -> Verdict {
+        self.home().0.after_attribution(leak, found)
+    }
+}
+
+/// What a layer's home provides: what the layer is, for a reader, and how
+/// it is counted and judged. One implementation per layer module.
+pub(crate) trait Home: Sync {
+    /// Its name in reports and the JSON.
+    fn name(&self, device: Device) -> String;
+    /// The layer of this home that `name` names, if any.
+    fn parse(&self, name: &str) -> Option<Layer>;
+    /// A few words for a sentence or a legend.
+    fn plain_name(&self, device: Device) -> String;
+    /// What memory it is.
+    fn description(&self, device: Device) -> &'static str;
+    /// Where a verdict on it is, for a report's first line.
+    fn place(&self, device: Device) -> String;
+    /// A sentence on what grew, after a leak's rate.
+    fn what_grew(&self) -> Option<&'static str>;
+    /// The label beside its allocation sites.
+    fn site_label(&self) -> Option<&'static str>;
+    /// The device type and index of the shim's events for it.
+    fn event_kind(&self, device: Device) -> Option<(i32, i32)>;
+    /// Whether its count keeps a peak.
+    fn keeps_peak(&self) -> bool;
+    /// Its source in this scope, before its canary.
+    fn count(&self, device: Device, process_scope: bool, coverage: &Coverage) -> Box<dyn Counting>;
+    /// Its verdict on a leak once attribution ran.
+    fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict;
+}
+
+/// What attribution found about one leaking layer, for its rule.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Attributed {
+    /// No site kept memory across the iterations: state replaced each one.
+    pub(crate) replaced: bool,
+    /// The layer's trough rose over attribution's iterations.
+    pub(crate) trough_rose: bool,
+    /// Bytes per iteration at suppressed sites.
+    pub(crate) suppressed_per_iteration: f64,
+    /// The measured window, and the threshold over it.
+    pub(crate) window: u32,
+    pub(crate) threshold_bytes: u64,
+}
+
+/// A layer's peak since its last reset: what budgets read, and what
+/// memory baselines read, which repeats from run to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peaks {
+    pub(crate) peak: i64,
+    pub(crate) repeatable: i64,
+}
+
+/// What the canary needs to know of the test.
+#[derive(Clone, Copy)]
+pub(crate) struct Proof<'a> {
+    /// Where the body runs.
+    pub(crate) body: Device,
+    pub(crate) process_scope: bool,
+    pub(crate) tracker: &'a Tracker,
+    pub(crate) coverage: &'a Coverage,
+}
+
+/// One followed layer as its source counts it: the state a run keeps per
+/// layer. No verdict comes from a source that could not see, so
+/// [`Counting::prove`] runs before the body.
+pub(crate) trait Counting: Send + Sync {
+    /// The layer counted.
+    fn layer(&self) -> Layer;
+    /// The source as the report names it.
+    fn source_name(&self) -> &'static str;
+    /// The source sees each allocation, so survivors can be grouped by
+    /// site; statistics give totals only.
+    fn attributable(&self) -> bool;
+    /// The source reports allocation events; where it does not
+    /// (statistics), a level that moved is the sign the layer was used.
+    fn counts_events(&self) -> bool;
+    /// Live bytes now.
+    fn level(&self, tracker: &Tracker) -> i64;
+    /// Live bytes now on every thread, where a test counts only its own
+    /// (thread scope): `global` is the process-wide tracker.
+    fn level_process_wide(&self, global: &Tracker) -> i64;
+    /// The peaks since the last [`Counting::reset_peak`], where the source
+    /// keeps one.
+    fn peaks(&self, tracker: &Tracker) -> Option<Peaks>;
+    /// Starts a new peak window.
+    fn reset_peak(&self, tracker: &Tracker);
+    /// Allocations and frees counted so far.
+    fn events(&self, tracker: &Tracker) -> u64;
+    /// The tracker's figures as this source counts them.
+    fn view(&self, tracker: &Tracker) -> HookView;
+    /// Starts following the layer for the allocations alive at its peak.
+    fn watch_peak(&self, tracker: &Tracker);
+    /// Proves with a canary that the source sees this layer, falling back
+    /// to another source where the layer has one; `Ok` is what the canary
+    /// added, `Err` why every source was blind.
+    fn prove(&mut self, proof: Proof<'_>) -> Result<i64, String>;
+    /// What the report says about how it was counted, where that limits it.
+    fn coverage_note(&self, coverage: &Coverage) -> Option<String>;
+    /// The shim feeds its blocks to the tracker only while attribution
+    /// asks (process scope's C++ heap).
+    fn feeds_sites_on_request(&self) -> bool {
+        false
+    }
+    /// The verdict where this source cannot back one, and why.
+    fn cannot_measure(&self, reason: String) -> Verdict {
+        Verdict::CannotMeasure {
+            layer: self.layer().description().to_string(),
+            source: self.source_name().to_string(),
+            reason,
+        }
+    }
+}
+
+/// The per-thread hook's name, a source of every layer in thread scope.
+pub(crate) const HOOK: &str = "the per-thread allocation hook";
+
+/// Bytes of the canary: one block of the caching allocator, and exact on
+/// the CPU.
+pub(crate) const CANARY_BYTES: i64 = 512;
+
+/// Allocates and frees a canary tensor on `device` (on this thread) and
+/// returns what `level` rose by, where it rose and fell by at least
+/// `least`: up to three tries, as another thread's allocation in between
+/// can hide it once.
+pub(crate) fn canary_tensor(device: Device, least: i64, level: impl Fn() -> i64) -> Option<i64> {
+    let sync = || {
+        if let Device::Cuda(index) = device {
+            let _ = crate::probe::cuda::synchronize(index);
+        }
+    };
+    (0..3).find_map(|_| {
+        let before = level();
+        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device));
+        sync();
+        let with = level();
+        drop(canary);
+        sync();
+        let after = level();
+        (with - before >= least && with - after >= least).then_some(with - before)
+    })
+}
+
+impl From<Device> for Layer {
+    fn from(device: Device) -> Layer {
+        Layer::Tensors(device)
+    }
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl serde::Serialize for Layer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Layer {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Layer, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+        Layer::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a layer name")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layer_reads_back_from_its_name() {
+        for layer in [
+            Layer::Tensors(Device::Cpu),
+            Layer::Tensors(Device::Cuda(3)),
+            Layer::HostObjects,
+            Layer::OutsideLibtorch(Device::Cuda(1)),
+            Layer::OutsideLibtorch(Device::Cpu),
+        ] {
+            assert_eq!(Layer::from_name(&layer.name()), Some(layer));
+        }
+        assert_eq!(Layer::from_name("gpu"), None);
+        assert_eq!(Layer::from_name("outside-libtorch"), None);
+        assert_eq!(Layer::from_name("outside-libtorch:gpu"), None);
+        assert_eq!(Layer::HostObjects.device(), Device::Cpu);
+    }
+}
