@@ -28,6 +28,30 @@ pub struct Site {
     pub called_from: Option<String>,
     /// One line saying what the site is.
     pub description: String,
+    /// What survived: blocks, bytes, and the iterations that allocated them.
+    #[serde(flatten)]
+    pub survivors: Survivors,
+    /// Which thread allocated them, and whether inside `backward()`.
+    #[serde(flatten)]
+    pub allocated_by: AllocatedBy,
+    /// The device its survivors live on.
+    #[serde(with = "crate::layer::device_serde")]
+    pub device: Device,
+    /// The layer they count in: the device's tensors, or libtorch's host
+    /// objects (C++ heap blocks such as graph nodes, on the CPU).
+    #[serde(default = "tensors_on_cpu")]
+    pub layer: Layer,
+    /// A trimmed stack of one of its allocations, innermost first.
+    pub stack: Vec<Frame>,
+    /// The reason of the suppression in `gpu-leak-test.yaml` that matches it.
+    pub suppressed_by: Option<String>,
+}
+
+/// The blocks allocated at one site that survived attribution's
+/// iterations.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct Survivors {
     /// Blocks allocated here that survived.
     pub allocations: usize,
     /// Their bytes.
@@ -40,35 +64,30 @@ pub struct Site {
     /// (index 0 is iteration 1): how the site's retained bytes built up.
     #[serde(default)]
     pub bytes_by_iteration: Vec<u64>,
+    /// Addresses of its surviving allocations (not written to the JSON).
+    #[serde(skip)]
+    pub addresses: Vec<usize>,
+}
+
+/// Who allocated a site's survivors.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct AllocatedBy {
     /// Allocated inside `backward()`.
     pub inside_backward: bool,
     /// Allocated on another thread (an autograd device thread, or in
     /// process scope any thread besides the test's).
     pub on_other_thread: bool,
-    /// The device its survivors live on.
-    #[serde(with = "crate::layer::device_serde")]
-    pub device: Device,
-    /// The layer they count in: the device's tensors, or libtorch's host
-    /// objects (C++ heap blocks such as graph nodes, on the CPU).
-    #[serde(default = "tensors_on_cpu")]
-    pub layer: Layer,
     /// The name of the thread that allocated them, where it is not the
     /// test's own (as the tracker recorded it with each allocation).
     pub thread: Option<String>,
-    /// A trimmed stack of one of its allocations, innermost first.
-    pub stack: Vec<Frame>,
-    /// The reason of the suppression in `gpu-leak-test.yaml` that matches it.
-    pub suppressed_by: Option<String>,
-    /// Addresses of its surviving allocations (not written to the JSON).
-    #[serde(skip)]
-    pub addresses: Vec<usize>,
 }
 
 impl Site {
     /// Survivors from one iteration only, the last one: state that is
     /// replaced every iteration rather than piling up.
     pub fn only_last_iteration(&self, last: u32) -> bool {
-        self.iterations == [last]
+        self.survivors.iterations == [last]
     }
 }
 
@@ -85,14 +104,14 @@ pub struct Attribution {
 impl Attribution {
     /// Bytes at every site together.
     pub fn total_bytes(&self) -> u64 {
-        self.sites.iter().map(|s| s.bytes).sum()
+        self.sites.iter().map(|s| s.survivors.bytes).sum()
     }
 
     /// True when something allocated in `layer` before the last
     /// attribution iteration is still alive: memory kept across iterations,
     /// the mark of a leak.
     pub fn kept_across_iterations(&self, layer: Layer) -> bool {
-        self.sites.iter().filter(|s| s.layer == layer).any(|s| s.iterations.iter().any(|&i| i < self.iterations))
+        self.sites.iter().filter(|s| s.layer == layer).any(|s| s.survivors.iterations.iter().any(|&i| i < self.iterations))
     }
 
     /// Marks the sites in `layer` a suppression matches (a glob on
@@ -109,7 +128,7 @@ impl Attribution {
             });
             if let Some(suppression) = hit {
                 site.suppressed_by = Some(suppression.reason.clone());
-                suppressed += site.bytes_per_iteration;
+                suppressed += site.survivors.bytes_per_iteration;
             }
         }
         suppressed
@@ -185,18 +204,15 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
             function,
             called_from,
             description,
-            allocations: 0,
-            bytes: 0,
-            bytes_per_iteration: 0.0,
-            iterations: Vec::new(),
-            bytes_by_iteration: Vec::new(),
-            inside_backward,
-            on_other_thread: !survivor.on_owner_thread,
+            survivors: Survivors::default(),
+            allocated_by: AllocatedBy {
+                inside_backward,
+                on_other_thread: !survivor.on_owner_thread,
+                thread: survivor.thread.as_deref().map(str::to_string),
+            },
             device: survivor.device,
             layer: survivor.layer,
-            thread: survivor.thread.as_deref().map(str::to_string),
             suppressed_by: None,
-            addresses: Vec::new(),
             stack: trim_stack(&frames)
                 .into_iter()
                 .map(|mut f| {
@@ -205,28 +221,28 @@ pub fn attribute(survivors: &[LiveAllocation], iterations: u32, root: &Path) -> 
                 })
                 .collect(),
         });
-        site.allocations += 1;
-        site.bytes += survivor.bytes;
-        if site.bytes_by_iteration.len() < iterations as usize {
-            site.bytes_by_iteration.resize(iterations as usize, 0);
+        site.survivors.allocations += 1;
+        site.survivors.bytes += survivor.bytes;
+        if site.survivors.bytes_by_iteration.len() < iterations as usize {
+            site.survivors.bytes_by_iteration.resize(iterations as usize, 0);
         }
-        if let Some(slot) = (survivor.tag as usize).checked_sub(1).and_then(|i| site.bytes_by_iteration.get_mut(i)) {
+        if let Some(slot) = (survivor.tag as usize).checked_sub(1).and_then(|i| site.survivors.bytes_by_iteration.get_mut(i)) {
             *slot += survivor.bytes;
         }
-        site.addresses.push(survivor.address);
-        if !site.iterations.contains(&survivor.tag) {
-            site.iterations.push(survivor.tag);
+        site.survivors.addresses.push(survivor.address);
+        if !site.survivors.iterations.contains(&survivor.tag) {
+            site.survivors.iterations.push(survivor.tag);
         }
     }
     let mut sites: Vec<Site> = sites.into_values().collect();
     for site in &mut sites {
-        site.iterations.sort_unstable();
-        site.bytes_per_iteration = site.bytes as f64 / iterations.max(1) as f64;
+        site.survivors.iterations.sort_unstable();
+        site.survivors.bytes_per_iteration = site.survivors.bytes as f64 / iterations.max(1) as f64;
     }
     // Sites that pile up over several iterations first, then by size.
     sites.sort_by(|a, b| {
-        let recurring = |s: &Site| s.iterations.len() >= 2;
-        recurring(b).cmp(&recurring(a)).then(b.bytes.cmp(&a.bytes)).then(a.description.cmp(&b.description))
+        let recurring = |s: &Site| s.survivors.iterations.len() >= 2;
+        recurring(b).cmp(&recurring(a)).then(b.survivors.bytes.cmp(&a.survivors.bytes)).then(a.description.cmp(&b.description))
     });
     Attribution { iterations, sites }
 }

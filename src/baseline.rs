@@ -38,6 +38,33 @@ pub enum BaselineMode {
     Require,
 }
 
+/// A test's resolved settings for memory baselines: the `Options` fields
+/// `baseline`, `baseline_tolerance_pct`, `baselines` and `baseline_dir`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BaselineSettings {
+    /// `baseline`: the test keeps a memory baseline.
+    pub keep: bool,
+    /// `baseline_tolerance_pct`: how far a figure may rise over it.
+    pub tolerance_pct: f64,
+    /// `baselines`: check, update or require.
+    pub mode: BaselineMode,
+    /// `baseline_dir`: where baselines live; `None` for `memory-baselines`
+    /// in the crate's folder.
+    pub dir: Option<std::path::PathBuf>,
+}
+
+impl Default for BaselineSettings {
+    fn default() -> Self {
+        BaselineSettings {
+            keep: false,
+            tolerance_pct: crate::config::DEFAULT_BASELINE_TOLERANCE_PCT,
+            mode: BaselineMode::Check,
+            dir: None,
+        }
+    }
+}
+
 impl std::str::FromStr for BaselineMode {
     type Err = InvalidValue;
 
@@ -500,9 +527,7 @@ pub(crate) struct Check<'a> {
     pub(crate) test: &'a str,
     pub(crate) device: tch::Device,
     pub(crate) crate_folder: Option<&'a std::path::Path>,
-    pub(crate) folder: Option<&'a std::path::Path>,
-    pub(crate) mode: BaselineMode,
-    pub(crate) tolerance_pct: f64,
+    pub(crate) settings: &'a BaselineSettings,
 }
 
 /// A baseline that cannot be used, which fails the test: the file as the
@@ -541,7 +566,7 @@ fn compare_or_write(check: &Check<'_>, figures: BTreeMap<String, Figures>) -> st
     let binary = TestBinary::current();
     let owner = Owner { test: check.test, binary: &binary };
     let name = file_name(owner, &kind);
-    let folder = check.folder.map(std::path::Path::to_path_buf).or_else(|| check.crate_folder.map(|c| c.join(FOLDER)));
+    let folder = check.settings.dir.clone().or_else(|| check.crate_folder.map(|c| c.join(FOLDER)));
     let Some(folder) = folder else {
         let reason = "the crate's folder is unknown here (no CARGO_MANIFEST_DIR); set baseline_dir".into();
         return Err((unusable(format!("{FOLDER}/{name}"), reason), None));
@@ -552,8 +577,8 @@ fn compare_or_write(check: &Check<'_>, figures: BTreeMap<String, Figures>) -> st
         .crate_folder
         .and_then(|c| path.strip_prefix(c).ok().map(|p| p.display().to_string()))
         .unwrap_or_else(|| path.display().to_string());
-    let mut outcome = BaselineOutcome::new(file.clone(), &kind, check.tolerance_pct, figures);
-    match check.mode {
+    let mut outcome = BaselineOutcome::new(file.clone(), &kind, check.settings.tolerance_pct, figures);
+    match check.settings.mode {
         BaselineMode::Update => match write(&path, owner, &kind, &outcome.measured) {
             Ok(()) => outcome.status = BaselineStatus::Written,
             Err(why) => return Err((unusable(file, why), None)),
@@ -570,7 +595,7 @@ fn compare_or_write(check: &Check<'_>, figures: BTreeMap<String, Figures>) -> st
             }
             Ok(None) => outcome.status = BaselineStatus::Pending,
             Ok(Some(recorded)) => {
-                let (over, lower) = compare(&outcome.measured, &recorded, check.tolerance_pct);
+                let (over, lower) = compare(&outcome.measured, &recorded, check.settings.tolerance_pct);
                 outcome.status = if over.is_empty() { BaselineStatus::Within } else { BaselineStatus::Over };
                 (outcome.baseline, outcome.over, outcome.lower) = (Some(recorded), over, lower);
             }

@@ -433,7 +433,7 @@ fn conclude(mut report: Report, settings: &Settings, started: Started) {
     // Passing tests say one line (shown with --nocapture or on failure),
     // and any hint, such as growth that threads outside the test explain.
     println!("{}", report.summary_line());
-    for hint in &report.hints {
+    for hint in &report.findings.hints {
         println!("  hint: {hint}");
     }
     isolation::finish_child(&ChildOutcome::Passed);

@@ -58,7 +58,7 @@ pub use verdict::Verdict;
 /// The values options take, the settings a test resolves to, and the
 /// config file's parts.
 pub mod settings {
-    pub use crate::baseline::BaselineMode;
+    pub use crate::baseline::{BaselineMode, BaselineSettings};
     pub use crate::config::{Plots, Settings, Suppression, CONFIG_FILE_NAME};
     pub use crate::device::DeviceChoice;
     pub use crate::error::InvalidValue;

@@ -295,7 +295,7 @@ fn match_survivors(roots: BTreeMap<String, Vec<Watched>>, survivors: &[LiveAlloc
     let site_of: HashMap<usize, Option<String>> = attribution
         .sites
         .iter()
-        .flat_map(|site| site.addresses.iter().map(move |&a| (a, site.location.clone().or(Some(site.description.clone())))))
+        .flat_map(|site| site.survivors.addresses.iter().map(move |&a| (a, site.location.clone().or(Some(site.description.clone())))))
         .collect();
     type Key = (String, String, Vec<i64>, String, String, Option<String>);
     /// Indices, paths, distinct storages, bytes, device, other paths to the
@@ -365,7 +365,7 @@ fn attribute_graph_retention(
     let site_of: HashMap<usize, String> = attribution
         .sites
         .iter()
-        .flat_map(|site| site.addresses.iter().map(move |&a| (a, site.location.clone().unwrap_or_else(|| site.description.clone()))))
+        .flat_map(|site| site.survivors.addresses.iter().map(move |&a| (a, site.location.clone().unwrap_or_else(|| site.description.clone()))))
         .collect();
     let devices: std::collections::BTreeSet<String> =
         references.iter().filter(|r| r.graph.is_some()).map(|r| format!("{:?}", r.device)).collect();

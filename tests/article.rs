@@ -176,7 +176,7 @@ fn row2_caching_outputs_keeps_output_and_saved_input(device: &str) {
         return;
     }
     // Two sites of one activation each: the output (named) and the input.
-    let sites = &report.attribution.as_ref().unwrap().sites;
+    let sites = &report.findings.attribution.as_ref().unwrap().sites;
     assert!(sites.iter().any(|s| s.location.as_deref() == Some(mark.location(FILE).as_str())), "{report}");
 }
 
@@ -253,7 +253,7 @@ fn row3_evaluation_without_no_grad_does_not_grow_but_peaks_higher(device: &str) 
     assert_passes(&with);
     assert_eq!(without.retained_growth_bytes(), 0, "{without}");
     // A passing test's figures are its body's tensors', which keep a peak.
-    let (Some(peak_without), Some(peak_with)) = (without.peak_bytes, with.peak_bytes) else {
+    let (Some(peak_without), Some(peak_with)) = (without.figures.peak_bytes, with.figures.peak_bytes) else {
         panic!("tensor layers keep a peak:\n{without}\n{with}")
     };
     assert!(peak_without > peak_with, "peak without no_grad {peak_without} should exceed peak with it {peak_with}");
@@ -350,7 +350,7 @@ fn row5_gradients_without_zero_grad_accumulate_in_place(device: &str) {
     let fixed = train_steps("row5_fixed_zero_grad", device, true, &fixed_sums);
     show(&fixed);
     assert_passes(&fixed);
-    assert_eq!(fixed.warmup_retained_bytes, report.warmup_retained_bytes, "zero_grad changes values, not memory");
+    assert_eq!(fixed.figures.warmup_retained_bytes, report.figures.warmup_retained_bytes, "zero_grad changes values, not memory");
     assert!(fixed_sums.into_inner().iter().all(|&s| s == (BATCH * FEATURES) as f64));
 }
 

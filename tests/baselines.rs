@@ -43,7 +43,7 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
     let line = LineMark::default();
     let name = "baselines::tenth_more";
     let written = step(harness(name, device, &root, BaselineMode::Update, 5.0), 100_000, &line);
-    let outcome = written.baseline.as_ref().expect("a baseline outcome");
+    let outcome = written.findings.baseline.as_ref().expect("a baseline outcome");
     assert_eq!(outcome.status, BaselineStatus::Written, "{written}");
     let file = common::manifest_dir().join(&outcome.file);
     assert!(file.starts_with(&root), "{}", file.display());
@@ -66,7 +66,7 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
     // The site where the new peak is reached, in the text and the hint.
     let site = grown.top_site().and_then(|s| s.location.clone()).unwrap_or_default();
     assert!(site.ends_with(&line.location("tests/baselines.rs")), "{site}\n{text}");
-    assert!(grown.hints.iter().any(|h| h.contains(&site)), "{:?}", grown.hints);
+    assert!(grown.findings.hints.iter().any(|h| h.contains(&site)), "{:?}", grown.findings.hints);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "a check never writes");
     // The page shows the baseline beside the run, and the bytes alive at
     // each peak stacked by site.
@@ -77,11 +77,11 @@ fn a_step_needing_a_tenth_more_fails_naming_both_figures_and_the_site_until_upda
 
     // Accepted: the file is rewritten, and the next run passes.
     let accepted = step(harness(name, device, &root, BaselineMode::Update, 5.0), 110_000, &line);
-    assert_eq!(accepted.baseline.as_ref().unwrap().status, BaselineStatus::Written);
+    assert_eq!(accepted.findings.baseline.as_ref().unwrap().status, BaselineStatus::Written);
     assert_ne!(std::fs::read_to_string(&file).unwrap(), before);
     let next = step(harness(name, device, &root, BaselineMode::Check, 5.0), 110_000, &line);
     assert!(next.passed(), "{next}");
-    assert_eq!(next.baseline.as_ref().unwrap().status, BaselineStatus::Within);
+    assert_eq!(next.findings.baseline.as_ref().unwrap().status, BaselineStatus::Within);
 
     // Back to the smaller step: it passes, and says the baseline can be lowered.
     let smaller = step(harness(name, device, &root, BaselineMode::Check, 5.0), 100_000, &line);
@@ -105,7 +105,7 @@ fn without_a_baseline_a_test_passes_and_its_baseline_is_pending_in_the_index(dev
     let line = LineMark::default();
     let report = step(harness("baselines::pending", device, &root, BaselineMode::Check, 5.0), 1_000, &line);
     assert!(report.passed(), "{report}");
-    assert_eq!(report.baseline.as_ref().unwrap().status, BaselineStatus::Pending);
+    assert_eq!(report.findings.baseline.as_ref().unwrap().status, BaselineStatus::Pending);
     let reports = root.join("reports");
     gpu_leak_test::report::files::write_report(&report, &reports, gpu_leak_test::settings::Plots::None).unwrap();
     let rows = std::fs::read_to_string(reports.join("index.rows")).unwrap();
@@ -133,13 +133,13 @@ fn a_training_step_writes_the_same_bytes_twice_with_a_tolerance_of_zero(device: 
             .unwrap()
     };
     let first = train(BaselineMode::Update);
-    let file = common::manifest_dir().join(&first.baseline.as_ref().unwrap().file);
+    let file = common::manifest_dir().join(&first.findings.baseline.as_ref().unwrap().file);
     let written = std::fs::read(&file).unwrap();
     let second = train(BaselineMode::Update);
     assert_eq!(String::from_utf8(std::fs::read(&file).unwrap()).unwrap(), String::from_utf8(written).unwrap());
     let checked = train(BaselineMode::Check);
     assert!(checked.passed(), "{checked}\n{second}");
-    assert_eq!(checked.baseline.as_ref().unwrap().status, BaselineStatus::Within);
+    assert_eq!(checked.findings.baseline.as_ref().unwrap().status, BaselineStatus::Within);
 }
 
 fn a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it(device: &str) {
@@ -160,13 +160,13 @@ fn a_model_that_grew_fails_on_the_level_after_warm_up_and_says_what_raises_it(de
     // The weights rose the level after warm-up and, by as much, the whole
     // test's peak; a tie goes to the figure first in the file.
     assert_eq!(figure, "after_warmup_bytes", "{grown}");
-    let outcome = grown.baseline.as_ref().unwrap();
+    let outcome = grown.findings.baseline.as_ref().unwrap();
     assert!(outcome.over.iter().any(|c| c.figure == "test_peak_bytes"), "{grown}");
     assert!(!outcome.over.iter().any(|c| c.figure == "iteration_peak_bytes"), "{grown}");
     // Setup's state is not allocated again by the iterations: no peak sites,
     // and the hint says what raises that level.
-    assert!(grown.peak_sites.is_none(), "{grown}");
-    assert!(grown.hints.iter().any(|h| h.starts_with("the level after warm-up is the model")), "{:?}", grown.hints);
+    assert!(grown.findings.peak_sites.is_none(), "{grown}");
+    assert!(grown.findings.hints.iter().any(|h| h.starts_with("the level after warm-up is the model")), "{:?}", grown.findings.hints);
 }
 
 /// `бл_α` and `бл_β` (and `naïve` and `na_ve`) once shared one file and
@@ -179,14 +179,14 @@ fn tests_whose_names_clean_alike_keep_their_own_baselines_and_a_file_of_another_
     let mut files = Vec::new();
     for (name, floats) in pairs {
         let written = step(harness(name, device, &root, BaselineMode::Update, 0.0), floats, &line);
-        files.push(written.baseline.as_ref().unwrap().file.clone());
+        files.push(written.findings.baseline.as_ref().unwrap().file.clone());
     }
     files.dedup();
     assert_eq!(files.len(), pairs.len(), "{files:?}");
     for (name, floats) in pairs {
         let checked = step(harness(name, device, &root, BaselineMode::Check, 5.0), floats, &line);
         assert!(checked.passed(), "{checked}");
-        assert_eq!(checked.baseline.as_ref().unwrap().status, BaselineStatus::Within, "{checked}");
+        assert_eq!(checked.findings.baseline.as_ref().unwrap().status, BaselineStatus::Within, "{checked}");
     }
     // Another test's file copied over this one's: refused, not compared.
     let path = |i: usize| common::manifest_dir().join(&files[i]);

@@ -32,7 +32,7 @@ fn kept_tensor_is_a_leak_named_at_its_line(device: &str) {
     if common::sites_can_be_named(&report) {
         let site = report.top_site().unwrap();
         assert_eq!(site.location.as_deref(), Some(location.as_str()), "{report}");
-        assert_eq!((site.allocations, site.bytes, site.iterations.clone()), (3, 3 * per_iteration, vec![1, 2, 3]));
+        assert_eq!((site.survivors.allocations, site.survivors.bytes, site.survivors.iterations.clone()), (3, 3 * per_iteration, vec![1, 2, 3]));
         assert!(text.contains(&location), "{text}");
     }
     assert!(text.contains(&format!("({} B) per iteration", gpu_leak_test::report::thousands(per_iteration))), "{text}");
@@ -46,7 +46,7 @@ fn clean_twin_passes(device: &str) {
         })
         .unwrap();
     assert_eq!(report.verdict, Verdict::Clean, "{report}");
-    assert!(report.attribution.is_none(), "passing tests pay no attribution");
+    assert!(report.findings.attribution.is_none(), "passing tests pay no attribution");
 }
 
 fn leak_every_third_iteration_is_caught(device: &str) {
@@ -123,7 +123,7 @@ fn out_of_memory_is_a_failure_with_views(device: &str) {
     assert_eq!((*phase, *iteration), (Phase::WarmUp, 1));
     assert!(message.to_lowercase().contains("memory"), "{message}");
     assert!(report.to_string().contains("OUT OF MEMORY"), "{report}");
-    assert!(report.after.is_some(), "the views at the failure are in the report");
+    assert!(report.figures.after.is_some(), "the views at the failure are in the report");
 }
 
 fn training_loop_that_keeps_losses_leaks(device: &str) {
@@ -187,8 +187,8 @@ fn gradients_kept_from_backward_get_the_autograd_hint(device: &str) {
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
     let top = report.top_site().unwrap();
     // On the CPU backward runs on the test's thread; on CUDA on autograd's.
-    assert!(top.inside_backward || top.on_other_thread, "{report}");
-    assert!(report.hints.iter().any(|h| h.contains("inside backward()")), "{report}");
+    assert!(top.allocated_by.inside_backward || top.allocated_by.on_other_thread, "{report}");
+    assert!(report.findings.hints.iter().any(|h| h.contains("inside backward()")), "{report}");
 }
 
 fn a_buffer_whose_size_varies_is_bounded_not_a_leak(device: &str) {
@@ -254,7 +254,7 @@ fn an_add_fn_model_used_by_two_loops_is_named_at_the_loop_that_keeps_it(device: 
     let file = "tests/detector.rs";
     // The kept outputs' tensors; their graphs' host objects are judged on
     // their own layer.
-    let sites: Vec<_> = report.attribution.as_ref().unwrap().sites.iter().filter(|s| s.layer != Layer::HostObjects).collect();
+    let sites: Vec<_> = report.findings.attribution.as_ref().unwrap().sites.iter().filter(|s| s.layer != Layer::HostObjects).collect();
     let model_location = format!("{file}:{MODEL_LINE}");
     let in_model: Vec<_> = sites.iter().filter(|s| s.location.as_deref() == Some(model_location.as_str())).collect();
     assert!(!in_model.is_empty(), "a site in the model's closure:\n{report}");

@@ -280,8 +280,8 @@ fn check(scenario: &Scenario, name: &str, device: &str) -> Result<(), String> {
     let sites = Sites::default();
     let report = run(scenario, name, device, &sites)?;
     println!("{}\n  ({})\n{report}\n", name, scenario.description);
-    if report.location.as_deref() != Some(scenario.location.as_str()) {
-        return Err(format!("the report names {:?}, not the scenario's file {}\n{report}", report.location, scenario.location));
+    if report.context.location.as_deref() != Some(scenario.location.as_str()) {
+        return Err(format!("the report names {:?}, not the scenario's file {}\n{report}", report.context.location, scenario.location));
     }
     let expected = scenario.expect.verdict.on(report.device);
     let found = report.verdict.label();

@@ -60,7 +60,7 @@ fn assert_host_objects_leak(report: &Report, line: &str) {
     assert!(leak.bytes_per_iteration > 0.0, "{report}");
     let tensors = report.judged(Layer::Tensors(report.device)).unwrap();
     assert!(!tensors.verdict.is_failure(), "the tensors themselves stay flat:\n{report}");
-    let sites = &report.attribution.as_ref().expect("attributed").sites;
+    let sites = &report.findings.attribution.as_ref().expect("attributed").sites;
     assert!(
         sites.iter().any(|s| s.layer == Layer::HostObjects && s.location.as_deref() == Some(line)),
         "no host-objects site at {line}:\n{report}"
@@ -133,7 +133,7 @@ fn keeping_f64_losses_in_a_vec_passes(device: &str) {
         },
         |report| {
             assert_passes(report);
-            assert_eq!(report.host_heap_growth_per_iteration, None, "no host-heap hint on a clean test:\n{report}");
+            assert_eq!(report.figures.host_heap_growth_per_iteration, None, "no host-heap hint on a clean test:\n{report}");
         },
     );
 }
@@ -217,7 +217,7 @@ fn a_kept_detached_tensor_fails_once_with_its_records_at_its_site(device: &str) 
             let failing: Vec<_> = report.devices.iter().filter(|d| d.verdict.is_failure()).collect();
             assert_eq!(failing.len(), 1, "one cause:\n{report}");
             let line = mark.location(FILE);
-            let recurring: Vec<_> = report.attribution.as_ref().unwrap().sites.iter().filter(|s| s.iterations.len() > 1).collect();
+            let recurring: Vec<_> = report.findings.attribution.as_ref().unwrap().sites.iter().filter(|s| s.survivors.iterations.len() > 1).collect();
             assert!(recurring.iter().all(|s| s.location.as_deref() == Some(line.as_str())), "one site, {line}:\n{report}");
             assert!(recurring.iter().any(|s| s.layer == Layer::HostObjects), "the records shown with it:\n{report}");
             assert!(report.to_string().contains("records_of_kept_tensors"), "{report}");

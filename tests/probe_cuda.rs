@@ -151,7 +151,7 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
         .run(|device| drop(Tensor::ones([64], (Kind::Float, device))))
         .unwrap();
     assert!(report.passed(), "{report}");
-    assert_eq!(report.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.harness_time);
+    assert_eq!(report.context.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.context.harness_time);
     assert_eq!(
         report.devices.iter().map(|d| d.layer).collect::<Vec<_>>(),
         [gpu_leak_test::report::Layer::Tensors(Device::Cpu), gpu_leak_test::report::Layer::HostObjects]

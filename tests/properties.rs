@@ -137,12 +137,12 @@ fn check_program(program: &[Allocation], scope: &str) -> Result<(), TestCaseErro
     // objects that grow irregularly beside the leak, such as libtorch's own
     // map of live blocks, can make attribution run more iterations than
     // asked for.) The kept tensors' host records share their lines.
-    let attribution = report.attribution.as_ref().unwrap();
+    let attribution = report.findings.attribution.as_ref().unwrap();
     let every_iteration: Vec<u32> = (1..=attribution.iterations.max(ATTRIBUTION_ITERATIONS)).collect();
     let persistent: BTreeSet<u32> = attribution
         .sites
         .iter()
-        .filter(|s| s.iterations == every_iteration)
+        .filter(|s| s.survivors.iterations == every_iteration)
         .map(|s| {
             let location = s.location.as_deref().unwrap_or_default();
             location.rsplit(':').next().unwrap().parse::<u32>().unwrap()

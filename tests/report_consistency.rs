@@ -50,8 +50,8 @@ fn every_report_shows_the_verdict_layers_figures_in_its_index_row_json_and_text(
         if file.retained_growth_bytes != layer.retained_growth_bytes {
             problem(format!("JSON growth {} but its layer's {}", file.retained_growth_bytes, layer.retained_growth_bytes));
         }
-        if report.peak_bytes != layer.peak_bytes {
-            problem(format!("JSON peak {:?} but its layer's {:?}", report.peak_bytes, layer.peak_bytes));
+        if report.figures.peak_bytes != layer.peak_bytes {
+            problem(format!("JSON peak {:?} but its layer's {:?}", report.figures.peak_bytes, layer.peak_bytes));
         }
         if report.verdict != layer.verdict {
             problem("the top-level verdict is not its layer's".into());

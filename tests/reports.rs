@@ -61,7 +61,7 @@ fn references_name_the_state_that_holds_retained_tensors(device: &str) {
     let report = leaking_report(device, &cache_line, &unwatched_line);
     println!("{report}");
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
-    let reference = report.references.first().unwrap_or_else(|| panic!("no references:\n{report}"));
+    let reference = report.findings.references.first().unwrap_or_else(|| panic!("no references:\n{report}"));
     // The warm-up, measured and confirmation iterations came before the 3
     // attribution ones, whose tensors are the survivors: cache[n..n + 3].
     let n = iterations_before_attribution(&report);
@@ -76,8 +76,8 @@ fn references_name_the_state_that_holds_retained_tensors(device: &str) {
     );
     assert!(report.to_string().contains(&line), "{line}\nnot in\n{report}");
     // The survivor no root holds is still listed by its site.
-    assert_eq!(report.references.len(), 1, "{report}");
-    let sites = &report.attribution.as_ref().unwrap().sites;
+    assert_eq!(report.findings.references.len(), 1, "{report}");
+    let sites = &report.findings.attribution.as_ref().unwrap().sites;
     assert!(sites.iter().any(|s| s.location.as_deref() == Some(unwatched_line.location(FILE).as_str())), "{report}");
 }
 
@@ -105,7 +105,7 @@ fn a_kept_scalar_that_requires_grad_names_the_graph_it_keeps(device: &str) {
         })
         .unwrap();
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
-    let energy = report.references.iter().find(|r| r.held_by.ends_with(".energy")).unwrap_or_else(|| panic!("{report}"));
+    let energy = report.findings.references.iter().find(|r| r.held_by.ends_with(".energy")).unwrap_or_else(|| panic!("{report}"));
     let graph = energy.graph.as_ref().unwrap_or_else(|| panic!("the energy's graph is reported:\n{report}"));
     // tanh saves its [32, 64] f32 output for backward: 8 KiB per state.
     let at_activation = graph.sites.iter().find(|(site, _)| *site == activation_line.location(FILE)).map(|(_, b)| *b);
@@ -133,11 +133,11 @@ fn storage_held_twice_is_counted_once_and_both_paths_are_named(device: &str) {
             }
         })
         .unwrap();
-    let total: u64 = report.references.iter().map(|r| r.bytes).sum();
+    let total: u64 = report.findings.references.iter().map(|r| r.bytes).sum();
     let per_tensor = common::allocated_size(device, 1024);
-    let kept = report.references.iter().map(|r| r.tensors as u64).sum::<u64>();
+    let kept = report.findings.references.iter().map(|r| r.tensors as u64).sum::<u64>();
     assert_eq!(total, kept * per_tensor, "each storage once:\n{report}");
-    let named_twice = report.references.iter().find(|r| !r.also_held_by.is_empty()).unwrap_or_else(|| panic!("{report}"));
+    let named_twice = report.findings.references.iter().find(|r| !r.also_held_by.is_empty()).unwrap_or_else(|| panic!("{report}"));
     assert!(named_twice.also_held_by.iter().chain([&named_twice.held_by]).any(|p| p == "tracking.best"), "{report}");
     assert!(report.to_string().contains("the same storage, counted once"), "{report}");
 }
@@ -172,7 +172,7 @@ fn watch_costs_nothing_outside_attribution() {
         })
         .unwrap();
     assert_eq!(report.verdict, Verdict::Clean);
-    assert!(report.references.is_empty());
+    assert!(report.findings.references.is_empty());
 }
 
 /// Every key path of a JSON value (array elements merged), sorted: the
@@ -205,7 +205,7 @@ fn json_report_round_trips_with_its_schema_version() {
     assert!(!parsed.passed);
     assert_eq!(parsed.report.samples, report.samples);
     let n = iterations_before_attribution(&report);
-    assert_eq!(parsed.report.references[0].held_by, format!("state.cache[{n}..{}]", n + 3));
+    assert_eq!(parsed.report.findings.references[0].held_by, format!("state.cache[{n}..{}]", n + 3));
     assert_eq!(parsed.report.top_site().unwrap().location.as_deref(), Some(a.location(FILE).as_str()));
     // Written again it is the same text: the JSON is the report's own types.
     assert_eq!(json::to_json(&parsed.report, parsed.plot.as_deref()).unwrap(), text);
@@ -415,7 +415,7 @@ fn a_panic_during_attribution_keeps_the_leak_and_says_where() {
         })
         .unwrap();
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
-    let Some(Verdict::Panicked { phase, iteration, message }) = &report.attribution_failure else {
+    let Some(Verdict::Panicked { phase, iteration, message }) = &report.findings.attribution_failure else {
         panic!("the attribution failure is kept: {report}")
     };
     assert_eq!((*phase, *iteration), (gpu_leak_test::report::Phase::Attribution, 1));
@@ -445,7 +445,7 @@ fn a_panic_during_attribution_keeps_the_tensors_verdict_beside_their_records() {
     let Verdict::Leak(leak) = &report.verdict else { panic!("{report}") };
     assert_eq!(report.verdict_layer, gpu_leak_test::report::Layer::Tensors(Device::Cpu), "{report}");
     assert_eq!(leak.bytes_per_iteration, 16.0, "{report}");
-    assert!(matches!(report.attribution_failure, Some(Verdict::Panicked { iteration: 2, .. })), "{report}");
+    assert!(matches!(report.findings.attribution_failure, Some(Verdict::Panicked { iteration: 2, .. })), "{report}");
     let text = report.to_string();
     assert!(text.contains("attribution stopped") && text.contains("records"), "the host objects' growth is reported as unexplained\n{text}");
 }
@@ -479,7 +479,7 @@ fn a_failing_test_has_a_page_with_a_series_per_site() {
     // drops the older one; scripts/browser-check.sh checks the rendering).
     files::write_report(&passing, &dir, gpu_leak_test::settings::Plots::All).unwrap();
     let page = std::fs::read_to_string(&written.page).unwrap();
-    let sites = report.attribution.as_ref().unwrap().sites.len();
+    let sites = report.findings.attribution.as_ref().unwrap().sites.len();
     assert!(sites >= 2, "{report}");
     assert_eq!(page.matches("class=\"site-series\"").count(), sites.min(8), "one stacked series per site");
     assert_eq!(page.matches("<tr class=\"site\">").count(), sites);
@@ -588,7 +588,7 @@ fn a_long_leak_writes_bounded_reports_and_names_the_full_series() {
         .unwrap();
     let Verdict::Leak(leak) = &report.verdict else { panic!("{report}") };
     assert_eq!(leak.bytes_per_iteration, 4.0);
-    let thinned = report.thinned.clone().expect("a long run's samples are thinned");
+    let thinned = report.figures.thinned.clone().expect("a long run's samples are thinned");
     // 1,000, and the samples on either side of each phase's boundary.
     assert!(report.samples.len() <= 1_012 && thinned.samples_taken > iterations as usize, "{} of {}", report.samples.len(), thinned.samples_taken);
     // The iterations run are counted, not the samples kept.
@@ -608,5 +608,5 @@ fn a_long_leak_writes_bounded_reports_and_names_the_full_series() {
     let csv = std::fs::read_to_string(&csv_path).unwrap();
     assert_eq!(csv.lines().count(), thinned.samples_taken + 1, "a header and every sample");
     let parsed = json::from_json(&std::fs::read_to_string(&written.json).unwrap()).unwrap();
-    assert_eq!(parsed.report.thinned.unwrap().full_series.as_deref(), csv_path.file_name().and_then(|n| n.to_str()));
+    assert_eq!(parsed.report.figures.thinned.unwrap().full_series.as_deref(), csv_path.file_name().and_then(|n| n.to_str()));
 }

@@ -68,10 +68,10 @@ fn a_tensor_made_on_a_spawned_thread_and_kept_fails_in_process_scope(device: &st
     let leak = leak_on(&report, on);
     assert_eq!(leak.bytes_per_iteration, allocated_size(device, 1200) as f64, "{report}");
     let site = report.top_site().unwrap();
-    assert_eq!(site.thread.as_deref(), Some("loader"), "{report}");
+    assert_eq!(site.allocated_by.thread.as_deref(), Some("loader"), "{report}");
     assert!(site.location.as_deref().is_some_and(|l| l.starts_with(&format!("{FILE}:"))), "{report}");
     assert!(report.to_string().contains("on thread `loader`"), "{report}");
-    assert_eq!(report.scope, "process");
+    assert_eq!(report.context.scope, "process");
 }
 
 fn a_tensor_made_on_a_rayon_pool_thread_and_kept_fails_in_process_scope(device: &str) {
@@ -84,7 +84,7 @@ fn a_tensor_made_on_a_rayon_pool_thread_and_kept_fails_in_process_scope(device: 
     let leak = leak_on(&report, on);
     assert_eq!(leak.bytes_per_iteration, allocated_size(device, 2000) as f64, "{report}");
     let site = report.top_site().unwrap();
-    assert!(site.thread.as_deref().is_some_and(|t| t.starts_with("rayon-")), "{report}");
+    assert!(site.allocated_by.thread.as_deref().is_some_and(|t| t.starts_with("rayon-")), "{report}");
 }
 
 fn in_thread_scope_growth_from_unhooked_threads_is_flagged_and_brought_in_threads_count(device: &str) {
@@ -97,7 +97,7 @@ fn in_thread_scope_growth_from_unhooked_threads_is_flagged_and_brought_in_thread
     let on = if device == "cpu" { Device::Cpu } else { Device::Cuda(0) };
     let flagged = report.devices.iter().find(|d| d.device == on).and_then(|d| d.unexplained_bytes_per_iteration);
     assert!(flagged.is_some_and(|rate| rate >= allocated_size(device, 2800) as f64), "{report:?}");
-    assert!(report.hints.iter().any(|h| h.contains("process scope") && h.contains("current_test()")), "{report}");
+    assert!(report.findings.hints.iter().any(|h| h.contains("process scope") && h.contains("current_test()")), "{report}");
 
     // Brought in with the running test's handle: counted, so it fails.
     let mut kept = Vec::new();
@@ -187,7 +187,7 @@ fn regrowth_every_second_iteration_next_to_an_alternating_buffer_fails(device: &
         })
         .unwrap();
     assert!(matches!(report.verdict, Verdict::Leak(_)), "{report}");
-    let sites = &report.attribution.as_ref().unwrap().sites;
+    let sites = &report.findings.attribution.as_ref().unwrap().sites;
     assert!(sites.iter().any(|s| s.location.as_deref() == Some(mark.location(FILE).as_str())), "{report}");
 }
 
@@ -241,10 +241,10 @@ fn host_heap_growth_with_flat_tensors_is_described(device: &str) {
         })
         .unwrap();
     assert!(report.passed(), "{report}");
-    let rate = report.host_heap_growth_per_iteration.unwrap_or_else(|| panic!("no host heap growth noted:\n{report}"));
+    let rate = report.figures.host_heap_growth_per_iteration.unwrap_or_else(|| panic!("no host heap growth noted:\n{report}"));
     assert!(rate >= 60_000.0, "{rate} B per iteration\n{report}");
-    assert!(report.hints.iter().any(|h| h.contains("the host heap grew")), "{report}");
-    assert!(report.before.unwrap().host_heap_bytes.is_some(), "glibc's view is sampled");
+    assert!(report.findings.hints.iter().any(|h| h.contains("the host heap grew")), "{report}");
+    assert!(report.figures.before.unwrap().host_heap_bytes.is_some(), "glibc's view is sampled");
 }
 
 /// A leak test started inside another's body is an error that names both,

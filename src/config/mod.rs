@@ -70,11 +70,8 @@ pub struct Settings {
     pub plots: Plots,
     /// From `gpu-leak-test.yaml`.
     pub suppressions: Vec<Suppression>,
-    pub baseline: bool,
-    pub baseline_tolerance_pct: f64,
-    pub baselines: crate::baseline::BaselineMode,
-    /// Where baselines live; `None` for `memory-baselines` in the crate's folder.
-    pub baseline_dir: Option<std::path::PathBuf>,
+    /// `baseline`, `baseline_tolerance_pct`, `baselines` and `baseline_dir`.
+    pub baselines: crate::baseline::BaselineSettings,
 }
 
 impl Default for Settings {
@@ -90,10 +87,7 @@ impl Default for Settings {
             report_dir: None,
             plots: Plots::default(),
             suppressions: Vec::new(),
-            baseline: false,
-            baseline_tolerance_pct: DEFAULT_BASELINE_TOLERANCE_PCT,
-            baselines: crate::baseline::BaselineMode::Check,
-            baseline_dir: None,
+            baselines: crate::baseline::BaselineSettings::default(),
         }
     }
 }
@@ -157,10 +151,12 @@ impl Settings {
             report_dir: merged.report_dir.map(std::path::PathBuf::from),
             plots: merged.plots.unwrap_or_default(),
             suppressions: file.map(|f| f.suppressions.clone()).unwrap_or_default(),
-            baseline: merged.baseline.unwrap_or(defaults.baseline),
-            baseline_tolerance_pct: merged.baseline_tolerance_pct.unwrap_or(defaults.baseline_tolerance_pct),
-            baselines: merged.baselines.unwrap_or_default(),
-            baseline_dir: merged.baseline_dir.map(std::path::PathBuf::from),
+            baselines: crate::baseline::BaselineSettings {
+                keep: merged.baseline.unwrap_or(defaults.baselines.keep),
+                tolerance_pct: merged.baseline_tolerance_pct.unwrap_or(defaults.baselines.tolerance_pct),
+                mode: merged.baselines.unwrap_or_default(),
+                dir: merged.baseline_dir.map(std::path::PathBuf::from),
+            },
         })
     }
 }
@@ -209,8 +205,8 @@ mod settings_tests {
         assert_eq!(s.peak_mb, None, "default");
         assert_eq!(s.report_dir.as_deref(), Some(std::path::Path::new("/crate/reports")));
         assert_eq!(s.plots, Plots::All);
-        assert!(s.baseline && s.baselines == crate::baseline::BaselineMode::Require);
-        assert_eq!(s.baseline_dir.as_deref(), Some(std::path::Path::new("/crate/baselines")));
+        assert!(s.baselines.keep && s.baselines.mode == crate::baseline::BaselineMode::Require);
+        assert_eq!(s.baselines.dir.as_deref(), Some(std::path::Path::new("/crate/baselines")));
         // A bad value from the file names the file and the key.
         let config = ConfigFile::parse(std::path::Path::new("gpu-leak-test.yaml"), "defaults: { iterations: 0 }\n").unwrap_err();
         assert!(config.to_string().starts_with("gpu-leak-test.yaml:1: defaults.iterations: must be at least 1"), "{config}");

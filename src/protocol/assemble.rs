@@ -4,25 +4,9 @@
 use super::execute::Executor;
 use super::judge::Judge;
 use super::Started;
-use crate::attribution::Attribution;
-use crate::baseline::BaselineOutcome;
-use crate::refs::Reference;
-use crate::report::{DeviceResult, MemoryViews, Report, RunSettings};
-use crate::threads::ThreadLeftRunning;
+use crate::report::{DeviceResult, Findings, MemoryViews, Report, RunContext, RunSettings, VerdictFigures};
 use crate::verdict::{self, Verdict};
 use std::time::Duration;
-
-/// What the stages after the window found, for the report.
-#[derive(Default)]
-pub(super) struct Findings {
-    pub(super) attribution: Option<Attribution>,
-    pub(super) references: Vec<Reference>,
-    pub(super) peak_sites: Option<Attribution>,
-    pub(super) baseline: Option<BaselineOutcome>,
-    /// How the body failed during attribution, where it did.
-    pub(super) attribution_stopped: Option<Verdict>,
-    pub(super) threads_left_running: Vec<ThreadLeftRunning>,
-}
 
 /// Each judged layer's verdict and levels, and in thread scope the growth
 /// the counted threads do not explain.
@@ -73,7 +57,7 @@ fn host_heap_growth(exec: &Executor<'_>, judge: &Judge) -> Option<f64> {
 /// The report of a finished or stopped run.
 pub(super) fn report(exec: Executor<'_>, judge: &Judge, findings: Findings, started: Started) -> Report {
     let settings = exec.settings;
-    let chosen = judge.verdict_layer(findings.attribution_stopped.is_some());
+    let chosen = judge.verdict_layer(findings.attribution_failure.is_some());
     let layer = exec.probes.layer(chosen);
     let series = exec.samples.series(chosen);
     let mut samples = exec.samples.samples.clone();
@@ -84,13 +68,10 @@ pub(super) fn report(exec: Executor<'_>, judge: &Judge, findings: Findings, star
     let events_per_iteration = exec.probes.events(exec.probes.body) as f64 / exec.samples.iterations_run();
     let mut report = Report {
         test: exec.test.name.clone(),
-        location: exec.test.location.clone(),
-        crate_root: exec.test.crate_folder.as_ref().map(|root| root.display().to_string()),
         device: exec.probes.device,
-        verdict_device: layer.device(),
+        verdict: judge.verdicts[chosen].clone(),
         verdict_layer: layer,
-        expected_failure: exec.test.expected_failure,
-        scope: exec.probes.scope.name().to_string(),
+        verdict_device: layer.device(),
         settings: RunSettings {
             warmup: settings.warmup,
             iterations: settings.iterations,
@@ -98,33 +79,34 @@ pub(super) fn report(exec: Executor<'_>, judge: &Judge, findings: Findings, star
             peak_budget_bytes: settings.peak_budget_bytes(),
             attribution_iterations: findings.attribution.as_ref().map_or(settings.attribution_iterations, |a| a.iterations),
         },
-        setup_bytes: series.after_setup - series.start,
-        warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
-        peak_bytes: exact_peak(&exec, chosen),
         samples,
-        thinned: None,
-        before: exec.samples.before.as_ref().map(MemoryViews::from_snapshot),
-        after: exec.samples.after.as_ref().map(MemoryViews::from_snapshot),
         devices: layer_results(&exec, judge),
-        host_heap_growth_per_iteration: host_heap_growth(&exec, judge),
-        attribution: findings.attribution,
-        baseline: findings.baseline,
-        peak_sites: findings.peak_sites,
-        attribution_failure: findings.attribution_stopped,
-        references: findings.references,
+        context: RunContext {
+            location: exec.test.location.clone(),
+            crate_root: exec.test.crate_folder.as_ref().map(|root| root.display().to_string()),
+            scope: exec.probes.scope.name().to_string(),
+            expected_failure: exec.test.expected_failure,
+            elapsed: Duration::ZERO,
+            harness_time: exec.time,
+        },
+        figures: VerdictFigures {
+            setup_bytes: series.after_setup - series.start,
+            warmup_retained_bytes: if series.warmup.is_empty() { 0 } else { series.warmup_retained() },
+            peak_bytes: exact_peak(&exec, chosen),
+            events_per_iteration,
+            host_heap_growth_per_iteration: host_heap_growth(&exec, judge),
+            thinned: None,
+            before: exec.samples.before.as_ref().map(MemoryViews::from_snapshot),
+            after: exec.samples.after.as_ref().map(MemoryViews::from_snapshot),
+        },
+        findings: Findings { notes: exec.notes.iter().map(ToString::to_string).collect(), ..findings },
         files: None,
-        events_per_iteration,
-        hints: Vec::new(),
-        notes: exec.notes.iter().map(ToString::to_string).collect(),
-        threads_left_running: findings.threads_left_running,
-        elapsed: Duration::ZERO,
-        harness_time: exec.time,
-        verdict: judge.verdicts[chosen].clone(),
     };
-    report.hints = crate::report::hints::for_report(&report);
+    report.findings.hints = crate::report::hints::for_report(&report);
     crate::report::series::thin(&mut report);
-    report.elapsed = started.elapsed();
-    report.harness_time.total = report.elapsed;
-    report.harness_time.cuda_startup = crate::probe::cuda::startup_time().saturating_sub(started.cuda_startup);
+    let context = &mut report.context;
+    context.elapsed = started.elapsed();
+    context.harness_time.total = context.elapsed;
+    context.harness_time.cuda_startup = crate::probe::cuda::startup_time().saturating_sub(started.cuda_startup);
     report
 }

@@ -233,7 +233,7 @@ impl Judge {
             .sites
             .iter()
             .filter(|s| s.layer != Layer::HostObjects && !s.only_last_iteration(attribution.iterations))
-            .map(|s| s.allocations)
+            .map(|s| s.survivors.allocations)
             .sum();
         let tensors_per_iteration = kept_blocks as f64 / attribution.iterations.max(1) as f64;
         let series = samples.series(host);

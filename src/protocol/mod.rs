@@ -26,7 +26,7 @@ use crate::report::Report;
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
 use crate::verdict::{Phase, Verdict};
-use assemble::Findings;
+use crate::report::Findings;
 use execute::{Executor, Iteration};
 use judge::{AttributionEvidence, Judge, Rules};
 use probes::Probes;
@@ -223,7 +223,7 @@ where
 /// keeps one (see `baseline::check`), and tells the judge.
 fn check_baseline(exec: &Executor<'_>, judge: &mut Judge) -> Option<crate::baseline::BaselineOutcome> {
     let settings = exec.settings;
-    if !settings.baseline {
+    if !settings.baselines.keep {
         return None;
     }
     // libtorch's host objects have none: their count keeps no peak.
@@ -237,14 +237,12 @@ fn check_baseline(exec: &Executor<'_>, judge: &mut Judge) -> Option<crate::basel
         test: &exec.test.name,
         device: exec.probes.device,
         crate_folder: exec.test.crate_folder.as_deref(),
-        folder: settings.baseline_dir.as_deref(),
-        mode: settings.baselines,
-        tolerance_pct: settings.baseline_tolerance_pct,
+        settings: &settings.baselines,
     };
     let checked = crate::baseline::check(&check, figures);
     match (&checked.outcome, checked.unusable) {
         (_, Some(unusable)) => judge.no_baseline(unusable.file, unusable.reason),
-        (Some(outcome), None) => judge.over_baseline(&outcome.over, settings.baseline_tolerance_pct),
+        (Some(outcome), None) => judge.over_baseline(&outcome.over, settings.baselines.tolerance_pct),
         (None, None) => {}
     }
     checked.outcome
@@ -267,7 +265,7 @@ fn attribute_and_judge(
             exec.notes.push(attribute::stopped_note(&stopped));
             exec.update_used(judge);
             exec.notes.extend(judge.host_objects_unexplained());
-            findings.attribution_stopped = Some(stopped);
+            findings.attribution_failure = Some(stopped);
             return;
         }
     };

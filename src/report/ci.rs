@@ -44,10 +44,10 @@ impl GithubActions {
 /// where one was named, else the test itself. The path is from
 /// `workspace` where the file is inside it.
 pub fn place(report: &Report, workspace: &Path) -> Option<(String, u32)> {
-    let location = report.top_site().and_then(|site| site.location.clone()).or_else(|| report.location.clone())?;
+    let location = report.top_site().and_then(|site| site.location.clone()).or_else(|| report.context.location.clone())?;
     let (file, line) = location.rsplit_once(':')?;
     let line: u32 = line.parse().ok()?;
-    let absolute = match &report.crate_root {
+    let absolute = match &report.context.crate_root {
         Some(root) if Path::new(file).is_relative() => Path::new(root).join(file),
         _ => PathBuf::from(file),
     };
@@ -72,7 +72,7 @@ pub fn headline(report: &Report) -> String {
 /// `::error file=…,line=…,title=…::…`. `None` for a passing report, or one
 /// whose failure is expected.
 pub fn annotation(report: &Report, workspace: &Path) -> Option<String> {
-    if report.passed() || report.expected_failure {
+    if report.passed() || report.context.expected_failure {
         return None;
     }
     let place = place(report, workspace)

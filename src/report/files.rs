@@ -105,7 +105,7 @@ fn write_report_files(report: &Report, dir: &Path, plots: Plots) -> Result<Repor
     let plot_name = plot.as_ref().map(|_| format!("{stem}.svg"));
     // A thinned report names the CSV that has every sample.
     let mut report = report.clone();
-    if let Some(thinned) = &mut report.thinned {
+    if let Some(thinned) = &mut report.figures.thinned {
         let name = format!("{stem}.series.csv");
         let path = dir.join(&name);
         write_atomically(&path, thinned.csv.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -126,13 +126,13 @@ fn write_report_files(report: &Report, dir: &Path, plots: Plots) -> Result<Repor
 /// it went. `other` is the rest: verdicts, building the report, releasing
 /// the locks, in one [`append`].
 pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::time::Duration, total: std::time::Duration) {
-    let time = &report.harness_time;
+    let time = &report.context.harness_time;
     let parts = [time.body, time.waiting, time.prewarm, time.sampling, time.attribution, report_writing];
     let other = parts.iter().fold(total, |left, part| left.saturating_sub(*part));
     let line = serde_json::json!({
         "test": report.test,
         "device": device_name(report.device),
-        "scope": report.scope,
+        "scope": report.context.scope,
         "verdict": report.verdict.label(),
         "total": total.as_secs_f64(),
         "body": time.body.as_secs_f64(),

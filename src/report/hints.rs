@@ -38,13 +38,13 @@ pub(crate) fn for_report(report: &Report) -> Vec<String> {
 fn leak_hints(report: &Report) -> Vec<String> {
     let mut hints = Vec::new();
     let sites: Vec<&crate::attribution::Site> = report
-        .attribution
+        .findings.attribution
         .iter()
         .flat_map(|a| &a.sites)
         .filter(|s| s.layer == report.verdict_layer)
         .collect();
     // Autograd's threads run backward() with no frame of the user's.
-    if sites.iter().any(|s| s.inside_backward || (s.on_other_thread && s.location.is_none())) {
+    if sites.iter().any(|s| s.allocated_by.inside_backward || (s.allocated_by.on_other_thread && s.location.is_none())) {
         hints.push(
             "some survivors were allocated inside backward(): a tensor you keep still holds its autograd \
              graph or gradients. Keep plain numbers (`loss.double_value(&[])`), or `detach()` / copy to the \
@@ -90,7 +90,7 @@ fn observation_hints(report: &Report) -> Vec<String> {
             ));
         }
     }
-    for thread in &report.threads_left_running {
+    for thread in &report.findings.threads_left_running {
         hints.push(format!(
             "thread `{}` (id {}) started during this test and was still running at its end, holding {} in {} \
              block{} it allocated: a test owns the threads it starts. Join it (or stop its pool) before the test \
@@ -102,7 +102,7 @@ fn observation_hints(report: &Report) -> Vec<String> {
             if thread.live_blocks == 1 { "" } else { "s" }
         ));
     }
-    if let Some(rate) = report.host_heap_growth_per_iteration {
+    if let Some(rate) = report.figures.host_heap_growth_per_iteration {
         hints.push(format!(
             "tensor bytes stayed flat, but the host heap grew {} per iteration: something on the host piles up. \
              Usual causes: a tensor kept with its autograd graph (`total = total + loss` keeps every step's graph \
@@ -111,7 +111,7 @@ fn observation_hints(report: &Report) -> Vec<String> {
             super::bytes(rate.round().max(0.0) as u64)
         ));
     }
-    if let (Some(before), Some(after)) = (&report.before, &report.after) {
+    if let (Some(before), Some(after)) = (&report.figures.before, &report.figures.after) {
         if let (Some(b), Some(a)) = (before.reserved_bytes, after.reserved_bytes) {
             let reserved_growth = a as i64 - b as i64;
             if reserved_growth > 0 && after.live_bytes <= before.live_bytes {
@@ -129,10 +129,10 @@ fn observation_hints(report: &Report) -> Vec<String> {
 /// Where the new peak is reached, by site, and what usually raises each
 /// figure.
 fn peak_over_baseline_hint(report: &Report, figure: &str) -> String {
-    let site = report.peak_sites.as_ref().and_then(|sites| sites.sites.first()).map(|top| {
+    let site = report.findings.peak_sites.as_ref().and_then(|sites| sites.sites.first()).map(|top| {
         format!(
             "the biggest share of the peak, {} of it each iteration, is allocated at {}; ",
-            super::bytes(top.bytes_per_iteration.round().max(0.0) as u64),
+            super::bytes(top.survivors.bytes_per_iteration.round().max(0.0) as u64),
             top.location.as_deref().unwrap_or(&top.description)
         )
     });

@@ -31,6 +31,18 @@ pub(super) struct IndexRow {
     verdict: String,
     passed: bool,
     expected_failure: bool,
+    /// The figures the row shows, all of the verdict's layer.
+    #[serde(flatten)]
+    figures: RowFigures,
+    plot: Option<String>,
+    run: String,
+    /// Seconds since the Unix epoch.
+    written_at: u64,
+}
+
+/// An index row's figures.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct RowFigures {
     retained_growth_bytes: i64,
     bytes_per_iteration: Option<f64>,
     peak_bytes: Option<i64>,
@@ -38,10 +50,6 @@ pub(super) struct IndexRow {
     /// Where a test keeps a memory baseline: its status and biggest change.
     #[serde(default)]
     baseline: Option<String>,
-    plot: Option<String>,
-    run: String,
-    /// Seconds since the Unix epoch.
-    written_at: u64,
 }
 
 impl IndexRow {
@@ -62,13 +70,15 @@ impl IndexRow {
             body: (report.verdict_device != report.device).then(|| device_name(report.device)),
             verdict: report.verdict.label().to_string(),
             passed: report.passed(),
-            expected_failure: report.expected_failure,
+            expected_failure: report.context.expected_failure,
             // Every figure of the row from the verdict's layer.
-            retained_growth_bytes: report.retained_growth_bytes(),
-            bytes_per_iteration,
-            peak_bytes: report.peak_bytes,
-            site: report.top_site().map(|s| s.location.clone().unwrap_or_else(|| s.description.clone())),
-            baseline: report.baseline.as_ref().map(|b| b.summary()),
+            figures: RowFigures {
+                retained_growth_bytes: report.retained_growth_bytes(),
+                bytes_per_iteration,
+                peak_bytes: report.figures.peak_bytes,
+                site: report.top_site().map(|s| s.location.clone().unwrap_or_else(|| s.description.clone())),
+                baseline: report.findings.baseline.as_ref().map(|b| b.summary()),
+            },
             plot: plot.map(str::to_string),
             run: run_id(),
             written_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -316,10 +326,10 @@ fn row_html(r: &IndexRow, current: bool) -> String {
     let plot = r.plot.as_ref().map(|p| format!("<a href=\"{0}\">plot</a>", escape(p))).unwrap_or_default();
     // Numbers short in their cells, exact in the cell's title.
     let number = |short: String, exact: String| format!("<td class=\"n\" title=\"{}\">{}</td>", escape(&exact), escape(&short));
-    let growth = number(super::format::short_bytes(r.retained_growth_bytes, true), super::signed_bytes(r.retained_growth_bytes));
-    let rate = r.bytes_per_iteration.map(|rate| rate.round().max(0.0) as i64);
+    let growth = number(super::format::short_bytes(r.figures.retained_growth_bytes, true), super::signed_bytes(r.figures.retained_growth_bytes));
+    let rate = r.figures.bytes_per_iteration.map(|rate| rate.round().max(0.0) as i64);
     let rate = number(rate.map(|b| super::format::short_bytes(b, false)).unwrap_or_default(), rate.map(|b| super::bytes(b as u64)).unwrap_or_default());
-    let peak = match r.peak_bytes {
+    let peak = match r.figures.peak_bytes {
         Some(p) => number(super::format::short_bytes(p.max(0), false), super::bytes(p.max(0) as u64)),
         None => number("–".into(), "this layer is counted by level: no peak is kept".into()),
     };
@@ -340,8 +350,8 @@ fn row_html(r: &IndexRow, current: bool) -> String {
         escape(&r.test),
         escape(&place),
         escape(&verdict) + if current { "" } else { " (stale)" },
-        escape(r.baseline.as_deref().unwrap_or("")),
-        escape(r.site.as_deref().unwrap_or("")),
+        escape(r.figures.baseline.as_deref().unwrap_or("")),
+        escape(r.figures.site.as_deref().unwrap_or("")),
         escape(&r.stem),
     )
 }
@@ -448,11 +458,7 @@ mod tests {
             verdict: "clean".into(),
             passed: true,
             expected_failure: false,
-            retained_growth_bytes: 0,
-            bytes_per_iteration: None,
-            peak_bytes: Some(0),
-            site: None,
-            baseline: None,
+            figures: RowFigures { peak_bytes: Some(0), ..RowFigures::default() },
             plot: None,
             run: run.into(),
             written_at,
@@ -530,12 +536,15 @@ mod tests {
     #[test]
     fn a_merge_keeps_each_row_s_baseline_change() {
         let (a, b, out) = (scratch("merge_baseline_a"), scratch("merge_baseline_b"), scratch("merge_baseline_out"));
-        let over = IndexRow { baseline: Some("over: cuda:0 iteration peak +40000 B (+10.0%)".into()), ..row("x", "1", 1) };
+        let mut over = row("x", "1", 1);
+        over.figures.baseline = Some("over: cuda:0 iteration peak +40000 B (+10.0%)".into());
         add_row(&a, over).unwrap();
-        add_row(&b, IndexRow { baseline: Some("pending".into()), ..row("y", "2", 2) }).unwrap();
+        let mut pending = row("y", "2", 2);
+        pending.figures.baseline = Some("pending".into());
+        add_row(&b, pending).unwrap();
         merge_into(&out, &[a, b]).unwrap();
         let merged = read_rows(&out.join("index.rows")).unwrap();
-        let baselines: Vec<Option<&str>> = merged.iter().map(|r| r.baseline.as_deref()).collect();
+        let baselines: Vec<Option<&str>> = merged.iter().map(|r| r.figures.baseline.as_deref()).collect();
         assert_eq!(baselines, [Some("over: cuda:0 iteration peak +40000 B (+10.0%)"), Some("pending")]);
         let page = std::fs::read_to_string(out.join("index.html")).unwrap();
         assert!(page.contains("<td>over: cuda:0 iteration peak +40000 B (+10.0%)</td>"), "{page}");

@@ -216,12 +216,51 @@ impl HarnessTime {
 /// Everything one leak test measured and concluded. Its `Display` is the
 /// panic message; its serde form is the JSON report (see
 /// `docs/report-schema.md`), with `schema_version`, `passed` and `plot`
-/// beside its fields.
+/// beside its fields. The groups (`context`, `figures`, `findings`) are
+/// flattened there: their fields are the report's own in the JSON.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Report {
     /// The test's name (as the test harness names it).
     pub test: String,
+    /// Where the body ran, and whose allocator and driver views are shown.
+    #[serde(with = "device_serde")]
+    pub device: Device,
+    /// The verdict (on [`Report::verdict_device`]).
+    pub verdict: Verdict,
+    /// The layer the verdict is about, on that device.
+    #[serde(default = "crate::report::tensors_on_cpu")]
+    pub verdict_layer: crate::layer::Layer,
+    /// The device the verdict is about: a failing one where any failed.
+    #[serde(with = "device_serde")]
+    pub verdict_device: Device,
+    /// The settings it ran with.
+    pub settings: RunSettings,
+    /// One sample after setup and after every iteration; at most
+    /// 1,000 of them, where [`VerdictFigures::thinned`] says so.
+    pub samples: Vec<Sample>,
+    /// Every judged device (host memory always, and each CUDA device that
+    /// saw allocations), with its own verdict.
+    pub devices: Vec<DeviceResult>,
+    /// Where and how the test ran, and where its time went.
+    #[serde(flatten)]
+    pub context: RunContext,
+    /// The verdict's layer's figures, and the body's device's views.
+    #[serde(flatten)]
+    pub figures: VerdictFigures,
+    /// What attribution, the baseline and the threads showed, with hints
+    /// and notes.
+    #[serde(flatten)]
+    pub findings: Findings,
+    /// The files written for this report, once written (not in the JSON).
+    #[serde(skip)]
+    pub files: Option<ReportFiles>,
+}
+
+/// Where and how a leak test ran.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct RunContext {
     /// `file:line` of the test function, relative to its crate.
     pub location: Option<String>,
     /// The crate's folder where the test ran: what `location` and the
@@ -229,25 +268,24 @@ pub struct Report {
     /// name paths from the repository's root).
     #[serde(default)]
     pub crate_root: Option<String>,
-    /// Where the body ran, and whose allocator and driver views are shown.
-    #[serde(with = "device_serde")]
-    pub device: Device,
-    /// The device the verdict is about: a failing one where any failed.
-    #[serde(with = "device_serde")]
-    pub verdict_device: Device,
-    /// The layer the verdict is about, on that device.
-    #[serde(default = "crate::report::tensors_on_cpu")]
-    pub verdict_layer: crate::layer::Layer,
     /// `"thread"` or `"process"`: whose allocations were counted.
     pub scope: String,
     /// The test expects to fail (`#[should_panic]`): the index shows a
     /// failure as expected, not red.
     #[serde(default)]
     pub expected_failure: bool,
-    /// The settings it ran with.
-    pub settings: RunSettings,
-    /// The verdict (on [`Report::verdict_device`]).
-    pub verdict: Verdict,
+    /// The test's wall time.
+    pub elapsed: Duration,
+    /// Where that time went: the body, and the harness's own parts.
+    #[serde(default)]
+    pub harness_time: HarnessTime,
+}
+
+/// The verdict's layer's figures, and the body's device's views around
+/// the measured window.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct VerdictFigures {
     /// In the verdict's layer: live bytes after setup, relative to before
     /// it (the setup form).
     pub setup_bytes: i64,
@@ -258,9 +296,13 @@ pub struct Report {
     /// began (setup included), where its source keeps a peak (tensor
     /// layers); `None` for layers counted by level alone.
     pub peak_bytes: Option<i64>,
-    /// One sample after setup and after every iteration; at most
-    /// 1,000 of them, where `thinned` says so.
-    pub samples: Vec<Sample>,
+    /// Allocations and frees per iteration on the measured device (setup's
+    /// included, so an upper estimate).
+    pub events_per_iteration: f64,
+    /// Bytes per iteration the host heap grew by while every tensor count
+    /// passed: a graph or a Rust collection kept across iterations.
+    #[serde(default)]
+    pub host_heap_growth_per_iteration: Option<f64>,
     /// Where the samples were thinned to keep the report small: how many
     /// were taken, and the CSV file beside the report that has them all.
     #[serde(default)]
@@ -269,6 +311,12 @@ pub struct Report {
     pub before: Option<MemoryViews>,
     /// All views after the last measured iteration.
     pub after: Option<MemoryViews>,
+}
+
+/// What a leak test found beside its verdict.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct Findings {
     /// Present when the verdict failed on retained memory.
     pub attribution: Option<Attribution>,
     /// The figures against the test's memory baseline, where it keeps one
@@ -285,32 +333,14 @@ pub struct Report {
     pub attribution_failure: Option<Verdict>,
     /// The retained tensors that roots named with [`crate::watch`] hold.
     pub references: Vec<crate::refs::Reference>,
-    /// The files written for this report, once written (not in the JSON).
-    #[serde(skip)]
-    pub files: Option<ReportFiles>,
-    /// Every judged device (host memory always, and each CUDA device that
-    /// saw allocations), with its own verdict.
-    pub devices: Vec<DeviceResult>,
-    /// Allocations and frees per iteration on the measured device (setup's
-    /// included, so an upper estimate).
-    pub events_per_iteration: f64,
-    /// Advice for known patterns.
-    pub hints: Vec<String>,
-    /// What the scope could and could not see.
-    pub notes: Vec<String>,
-    /// Bytes per iteration the host heap grew by while every tensor count
-    /// passed: a graph or a Rust collection kept across iterations.
-    #[serde(default)]
-    pub host_heap_growth_per_iteration: Option<f64>,
     /// Threads the test started that were still running at its end, holding
     /// memory they allocated during it (process scope, which sees them).
     #[serde(default)]
     pub threads_left_running: Vec<crate::threads::ThreadLeftRunning>,
-    /// The test's wall time.
-    pub elapsed: Duration,
-    /// Where that time went: the body, and the harness's own parts.
-    #[serde(default)]
-    pub harness_time: HarnessTime,
+    /// Advice for known patterns.
+    pub hints: Vec<String>,
+    /// What the scope could and could not see.
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -366,8 +396,8 @@ impl Report {
     /// biggest site alive at the peak.
     pub fn top_site(&self) -> Option<&crate::attribution::Site> {
         let sites = match &self.verdict {
-            Verdict::PeakOverBaseline { .. } => self.peak_sites.as_ref()?,
-            _ => self.attribution.as_ref()?,
+            Verdict::PeakOverBaseline { .. } => self.findings.peak_sites.as_ref()?,
+            _ => self.findings.attribution.as_ref()?,
         };
         sites.sites.iter().find(|s| s.layer == self.verdict_layer)
     }

@@ -16,7 +16,7 @@ const SITE_COLORS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#94
 /// written beside it.
 pub fn render(report: &Report) -> String {
     let mut html = String::new();
-    let status = if report.passed() { "pass" } else if report.expected_failure { "expected" } else { "fail" };
+    let status = if report.passed() { "pass" } else if report.context.expected_failure { "expected" } else { "fail" };
     let _ = write!(
         html,
         "<!doctype html>\n<meta charset=\"utf-8\">\n<title>{test} - gpu-leak-test</title>\n<style>\
@@ -29,28 +29,28 @@ pub fn render(report: &Report) -> String {
         test = escape(&report.test),
         verdict = escape(&report.verdict.label().replace('_', " ")),
         device = escape(&super::text::place(report)),
-        scope = escape(&report.scope),
+        scope = escape(&report.context.scope),
         body = if report.verdict_device != report.device {
             format!("; the body ran on {}", escape(&device_name(report.device)))
         } else {
             String::new()
         },
-        location = report.location.as_deref().map(|l| format!(" &middot; {}", escape(l))).unwrap_or_default(),
+        location = report.context.location.as_deref().map(|l| format!(" &middot; {}", escape(l))).unwrap_or_default(),
     );
     settings_and_devices(report, &mut html);
     views(report, &mut html);
     failure_marker(report, &mut html);
     let _ = write!(html, "<h2>Timeline</h2>\n<figure id=\"timeline\">{}</figure>\n", svg::timeline(report));
-    if let Some(attribution) = &report.attribution {
+    if let Some(attribution) = &report.findings.attribution {
         stacked_by_site(attribution, &RETAINED_CHART, &mut html);
     }
     baseline(report, &mut html);
-    if let Some(peak_sites) = &report.peak_sites {
+    if let Some(peak_sites) = &report.findings.peak_sites {
         stacked_by_site(peak_sites, &PEAK_CHART, &mut html);
     }
     sites(report, &mut html);
     references(report, &mut html);
-    for note in report.hints.iter().chain(&report.notes) {
+    for note in report.findings.hints.iter().chain(&report.findings.notes) {
         let _ = writeln!(html, "<p class=\"hint\">{}</p>", escape(note));
     }
     html
@@ -97,7 +97,7 @@ fn settings_and_devices(report: &Report, html: &mut String) {
 fn window_words(report: &Report) -> String {
     let (measured, confirmation) = report.window();
     let thinned = report
-        .thinned
+        .figures.thinned
         .as_ref()
         .map(|t| format!(" The timeline shows {} of {} samples; every sample is in {}.", report.samples.len(), t.samples_taken, t.full_series.as_deref().unwrap_or("the report's .series.csv file")))
         .unwrap_or_default();
@@ -114,7 +114,7 @@ fn rate_words(rate: crate::verdict::LeakRate) -> String {
 }
 
 fn views(report: &Report, html: &mut String) {
-    let (Some(before), Some(after)) = (&report.before, &report.after) else { return };
+    let (Some(before), Some(after)) = (&report.figures.before, &report.figures.after) else { return };
     let _ = writeln!(
         html,
         "<h2>Memory on {}</h2>\n<table id=\"views\"><tr><th></th><th>before</th><th>after</th><th>change</th></tr>",
@@ -134,7 +134,7 @@ fn views(report: &Report, html: &mut String) {
 }
 
 fn failure_marker(report: &Report, html: &mut String) {
-    let failures = [Some(&report.verdict), report.attribution_failure.as_ref()];
+    let failures = [Some(&report.verdict), report.findings.attribution_failure.as_ref()];
     for failure in failures.into_iter().flatten() {
         if let Some((phase, iteration, message)) = failure.body_failure() {
             let _ = writeln!(
@@ -178,7 +178,7 @@ const PEAK_CHART: SiteChart = SiteChart {
 
 /// Bytes of each site after each attribution iteration, stacked.
 fn stacked_by_site(attribution: &crate::attribution::Attribution, chart: &SiteChart, html: &mut String) {
-    let sites: Vec<_> = attribution.sites.iter().filter(|s| !s.bytes_by_iteration.is_empty()).take(SITE_COLORS.len()).collect();
+    let sites: Vec<_> = attribution.sites.iter().filter(|s| !s.survivors.bytes_by_iteration.is_empty()).take(SITE_COLORS.len()).collect();
     if sites.is_empty() {
         return;
     }
@@ -189,7 +189,7 @@ fn stacked_by_site(attribution: &crate::attribution::Attribution, chart: &SiteCh
         .iter()
         .map(|s| {
             (0..n).scan(0.0, |sum, i| {
-                let bytes = s.bytes_by_iteration.get(i).copied().unwrap_or(0) as f64;
+                let bytes = s.survivors.bytes_by_iteration.get(i).copied().unwrap_or(0) as f64;
                 *sum = if chart.cumulative { *sum + bytes } else { bytes };
                 Some(*sum)
             })
@@ -234,7 +234,7 @@ fn stacked_by_site(attribution: &crate::attribution::Attribution, chart: &SiteCh
 
 /// Each figure beside its baseline, where the test keeps one.
 fn baseline(report: &Report, html: &mut String) {
-    let Some(outcome) = &report.baseline else { return };
+    let Some(outcome) = &report.findings.baseline else { return };
     let _ = write!(
         html,
         "<h2>Memory baseline</h2>\n<p id=\"baseline-status\">{}: <code>{}</code> ({}, libtorch {}, tolerance {}%)</p>\n\
@@ -262,7 +262,7 @@ fn baseline(report: &Report, html: &mut String) {
 }
 
 fn sites(report: &Report, html: &mut String) {
-    let Some(attribution) = &report.attribution else { return };
+    let Some(attribution) = &report.findings.attribution else { return };
     html.push_str(
         "<h2>Where it was allocated</h2>\n<table id=\"sites\"><tr><th></th><th>bytes</th><th>per iteration</th><th>iterations</th><th>layer</th><th>site</th></tr>\n",
     );
@@ -279,9 +279,9 @@ fn sites(report: &Report, html: &mut String) {
         let _ = writeln!(
             html,
             "<tr class=\"site\"><td><span style=\"color:{color}\">&#9632;</span></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>stack</summary><pre>{}</pre></details></td></tr>",
-            bytes(site.bytes),
-            per_iteration_bytes(site.bytes_per_iteration),
-            site.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            bytes(site.survivors.bytes),
+            per_iteration_bytes(site.survivors.bytes_per_iteration),
+            site.survivors.iterations.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             escape(&site.layer.name()),
             escape(&site.description)
                 + &site.suppressed_by.as_ref().map(|reason| format!(" <i>(suppressed: {})</i>", escape(reason))).unwrap_or_default(),
@@ -292,11 +292,11 @@ fn sites(report: &Report, html: &mut String) {
 }
 
 fn references(report: &Report, html: &mut String) {
-    if report.references.is_empty() {
+    if report.findings.references.is_empty() {
         return;
     }
     html.push_str("<h2>Retained tensors</h2>\n<table id=\"references\"><tr><th>held by</th><th>tensors</th><th>shape</th><th>bytes</th><th>allocated at</th></tr>\n");
-    for r in &report.references {
+    for r in &report.findings.references {
         let shape: Vec<String> = r.shape.iter().map(i64::to_string).collect();
         let _ = writeln!(
             html,

@@ -69,7 +69,7 @@ pub(crate) fn thin(report: &mut Report) {
             d.levels = keep.iter().map(|&i| d.levels[i]).collect();
         }
     }
-    report.thinned = Some(Thinned { samples_taken: n, full_series: None, csv });
+    report.figures.thinned = Some(Thinned { samples_taken: n, full_series: None, csv });
 }
 
 /// `growing_iterations` in the JSON: runs of consecutive iterations as

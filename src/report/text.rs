@@ -33,7 +33,7 @@ fn headline(report: &Report) -> String {
         Verdict::CannotMeasure { .. } => "CANNOT MEASURE".to_string(),
         Verdict::RecordsOfKeptTensors { .. } => "passed: the records of tensors kept elsewhere".to_string(),
     };
-    let location = report.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
+    let location = report.context.location.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
     let body = if report.verdict_device != report.device {
         format!(" (the body ran on {})", device_name(report.device))
     } else {
@@ -87,13 +87,13 @@ pub(crate) fn passing_line(report: &Report) -> String {
         .map(|d| format!("{} {}", d.layer, d.verdict.label()))
         .collect();
     let others = if others.is_empty() { String::new() } else { format!("; also judged: {}", others.join(", ")) };
-    let baseline = report.baseline.as_ref().map(|b| format!("; baseline {} ({})", b.summary(), b.file)).unwrap_or_default();
+    let baseline = report.findings.baseline.as_ref().map(|b| format!("; baseline {} ({})", b.summary(), b.file)).unwrap_or_default();
     format!(
         "gpu-leak-test: {} {what} on {} over {} measured iterations ({} scope){others}{baseline}",
         report.test,
         place(report),
         report.settings.iterations,
-        report.scope
+        report.context.scope
     )
 }
 
@@ -209,7 +209,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 bytes(change.difference().max(0) as u64),
                 change.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default(),
             );
-            let file = report.baseline.as_ref().map_or("the baseline", |b| b.file.as_str());
+            let file = report.findings.baseline.as_ref().map_or("the baseline", |b| b.file.as_str());
             let _ = writeln!(
                 out,
                 "  If the rise is meant, accept it: `{}`, then review and commit {file}.",
@@ -306,7 +306,7 @@ fn without_cpp_frames(message: &str) -> &str {
 const STACKS_SHOWN: usize = 3;
 
 fn attribution_lines(report: &Report, out: &mut String) {
-    let Some(attribution) = &report.attribution else { return };
+    let Some(attribution) = &report.findings.attribution else { return };
     let last = attribution.iterations;
     let _ = writeln!(
         out,
@@ -336,10 +336,10 @@ fn attribution_lines(report: &Report, out: &mut String) {
         let _ = writeln!(
             out,
             "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
-            bytes(site.bytes),
-            thousands(site.allocations as u64),
-            per_iteration_bytes(site.bytes_per_iteration),
-            ranges(&site.iterations),
+            bytes(site.survivors.bytes),
+            thousands(site.survivors.allocations as u64),
+            per_iteration_bytes(site.survivors.bytes_per_iteration),
+            ranges(&site.survivors.iterations),
             site.description,
         );
     }
@@ -367,7 +367,7 @@ fn attribution_lines(report: &Report, out: &mut String) {
 /// Each figure beside its baseline, with the change; the figures that
 /// failed marked.
 fn baseline_lines(report: &Report, out: &mut String) {
-    let Some(outcome) = &report.baseline else { return };
+    let Some(outcome) = &report.findings.baseline else { return };
     let _ = writeln!(
         out,
         "\n  Memory baseline {} ({}, libtorch {}, tolerance {}%): {}.",
@@ -405,7 +405,7 @@ fn baseline_lines(report: &Report, out: &mut String) {
 /// Where a peak over its baseline is reached: what was alive at the peak
 /// of each attribution iteration, by site.
 fn peak_site_lines(report: &Report, out: &mut String) {
-    let Some(sites) = &report.peak_sites else { return };
+    let Some(sites) = &report.findings.peak_sites else { return };
     let n = sites.iterations;
     let _ = writeln!(
         out,
@@ -422,8 +422,8 @@ fn peak_site_lines(report: &Report, out: &mut String) {
         let _ = writeln!(
             out,
             "    {:>22}  {:>6}  {}",
-            bytes(site.bytes_per_iteration.round() as u64),
-            thousands((site.allocations as u64).div_ceil(u64::from(n.max(1)))),
+            bytes(site.survivors.bytes_per_iteration.round() as u64),
+            thousands((site.survivors.allocations as u64).div_ceil(u64::from(n.max(1)))),
             site.description
         );
     }
@@ -433,11 +433,11 @@ fn peak_site_lines(report: &Report, out: &mut String) {
 }
 
 fn references_lines(report: &Report, out: &mut String) {
-    if report.references.is_empty() {
+    if report.findings.references.is_empty() {
         return;
     }
     let _ = writeln!(out, "\n  Retained tensors, by the part of your state that holds them:");
-    for r in &report.references {
+    for r in &report.findings.references {
         let shape: Vec<String> = r.shape.iter().map(|d| d.to_string()).collect();
         let also = if r.also_held_by.is_empty() {
             String::new()
@@ -493,7 +493,7 @@ fn dtype_name(kind: &str) -> &str {
 }
 
 fn views_table(report: &Report, out: &mut String) {
-    let (Some(before), Some(after)) = (&report.before, &report.after) else { return };
+    let (Some(before), Some(after)) = (&report.figures.before, &report.figures.after) else { return };
     let _ = writeln!(
         out,
         "\n  Memory on {} (before = after warm-up, after = after the measured iterations):",
@@ -541,7 +541,7 @@ fn series_line(report: &Report, out: &mut String) {
         return;
     }
     let mut line = String::from("\n  Live bytes after each iteration (exact, in the verdict's layer; change from the one before, ×N: N times in a row):");
-    if let Some(thinned) = &report.thinned {
+    if let Some(thinned) = &report.figures.thinned {
         let full = report
             .files
             .as_ref()
@@ -617,14 +617,14 @@ impl fmt::Display for Report {
         peak_site_lines(self, &mut out);
         views_table(self, &mut out);
         series_line(self, &mut out);
-        if self.setup_bytes != 0 || self.warmup_retained_bytes != 0 || self.peak_bytes.is_some_and(|p| p != 0) {
-            let peak = self.peak_bytes.map(|p| format!(" Peak live: {}.", bytes(p.max(0) as u64))).unwrap_or_default();
+        if self.figures.setup_bytes != 0 || self.figures.warmup_retained_bytes != 0 || self.figures.peak_bytes.is_some_and(|p| p != 0) {
+            let peak = self.figures.peak_bytes.map(|p| format!(" Peak live: {}.", bytes(p.max(0) as u64))).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  In {}: setup holds {}; warm-up kept {} (one-time state, not counted).{peak}",
                 self.verdict_layer.plain_name(),
-                signed_bytes(self.setup_bytes),
-                signed_bytes(self.warmup_retained_bytes),
+                signed_bytes(self.figures.setup_bytes),
+                signed_bytes(self.figures.warmup_retained_bytes),
             );
         }
         if self.devices.len() > 1 {
@@ -634,7 +634,7 @@ impl fmt::Display for Report {
             } else {
                 format!("{measured} measured iterations")
             };
-            let _ = writeln!(out, "\n  Judged per layer ({} scope), growth over the {window}:", self.scope);
+            let _ = writeln!(out, "\n  Judged per layer ({} scope), growth over the {window}:", self.context.scope);
             for d in &self.devices {
                 let _ = writeln!(
                     out,
@@ -647,12 +647,12 @@ impl fmt::Display for Report {
                 );
             }
         } else if let Some(d) = self.devices.first() {
-            let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", d.layer, d.source, self.scope);
+            let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", d.layer, d.source, self.context.scope);
         }
-        for note in &self.notes {
+        for note in &self.findings.notes {
             let _ = writeln!(out, "\n  Note: {note}");
         }
-        for hint in &self.hints {
+        for hint in &self.findings.hints {
             let _ = writeln!(out, "\n  Hint: {hint}");
         }
         if let Some(files) = &self.files {
@@ -671,10 +671,10 @@ impl fmt::Display for Report {
             "\n  {} ({:.0} allocator events each), threshold {}{}, in {:.2?}. \
              Change them with the attribute or GPU_LEAK_TEST_WARMUP / _ITERATIONS / _THRESHOLD_MB.",
             self.iterations_run(),
-            self.events_per_iteration,
+            self.figures.events_per_iteration,
             bytes(s.threshold_bytes),
             s.peak_budget_bytes.map(|p| format!(", peak budget {}", bytes(p))).unwrap_or_default(),
-            self.elapsed
+            self.context.elapsed
         );
         f.write_str(out.trim_end())
     }

@@ -68,7 +68,7 @@ pub fn sites_can_be_named(report: &gpu_leak_test::Report) -> bool {
     let judged = report.devices.iter().find(|d| d.device == report.verdict_device);
     let statistics = judged.is_some_and(|d| d.source == "the CUDA allocator's statistics");
     if statistics {
-        assert!(report.notes.iter().any(|n| n.contains("no sites can be named")), "{report}");
+        assert!(report.findings.notes.iter().any(|n| n.contains("no sites can be named")), "{report}");
     }
     !statistics
 }
