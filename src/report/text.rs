@@ -107,6 +107,7 @@ fn horizon(iterations: u32, out: &mut String) {
     );
 }
 
+/// What the verdict means, in a sentence or two.
 fn verdict_lines(report: &Report, out: &mut String) {
     let s = &report.settings;
     match &report.verdict {
@@ -139,6 +140,43 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 per_iteration_bytes(*bytes_per_iteration)
             );
         }
+        Verdict::Plateau { .. }
+        | Verdict::WithinThreshold { .. }
+        | Verdict::Bounded { .. }
+        | Verdict::Suppressed { .. } => passing_growth_lines(report, out),
+        Verdict::PeakOverBudget { .. } | Verdict::PeakOverBaseline { .. } | Verdict::NoBaseline { .. } => {
+            peak_lines(report, out)
+        }
+        Verdict::Panicked { phase, iteration, message }
+        | Verdict::OutOfMemory { phase, iteration, message }
+        | Verdict::BodyError { phase, iteration, message } => {
+            let at = if *phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
+            let what = match &report.verdict {
+                Verdict::Panicked { .. } => "The test body panicked",
+                Verdict::OutOfMemory { .. } => "The device ran out of memory",
+                _ => "The test body returned an error",
+            };
+            let _ = writeln!(out, "  {what} {at}:");
+            for line in without_cpp_frames(message).lines() {
+                let _ = writeln!(out, "    | {line}");
+            }
+        }
+        Verdict::CannotMeasure { layer, source, reason } => {
+            let _ = writeln!(
+                out,
+                "  No verdict could be backed: {source} cannot judge {layer} on {} here. It is a failure, not a pass:",
+                place(report)
+            );
+            let _ = writeln!(out, "  {reason}.");
+        }
+    }
+}
+
+/// Growth that passes: a plateau, under the threshold, bounded, or
+/// suppressed.
+fn passing_growth_lines(report: &Report, out: &mut String) {
+    let s = &report.settings;
+    match &report.verdict {
         Verdict::Plateau { bytes: kept, settled_at } => {
             let _ = writeln!(
                 out,
@@ -183,6 +221,14 @@ fn verdict_lines(report: &Report, out: &mut String) {
                 per_iteration_bytes(*bytes_per_iteration)
             );
         }
+        _ => {}
+    }
+}
+
+/// A peak over its budget or its baseline, or a baseline that cannot be
+/// used.
+fn peak_lines(report: &Report, out: &mut String) {
+    match &report.verdict {
         Verdict::PeakOverBudget { peak_bytes, budget_bytes } => {
             let _ = writeln!(
                 out,
@@ -219,28 +265,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
         Verdict::NoBaseline { file, reason } => {
             let _ = writeln!(out, "  The memory baseline {file} cannot be used: {reason}.");
         }
-        Verdict::Panicked { phase, iteration, message }
-        | Verdict::OutOfMemory { phase, iteration, message }
-        | Verdict::BodyError { phase, iteration, message } => {
-            let at = if *phase == Phase::Setup { "in setup".to_string() } else { format!("in {phase} iteration {iteration}") };
-            let what = match &report.verdict {
-                Verdict::Panicked { .. } => "The test body panicked",
-                Verdict::OutOfMemory { .. } => "The device ran out of memory",
-                _ => "The test body returned an error",
-            };
-            let _ = writeln!(out, "  {what} {at}:");
-            for line in without_cpp_frames(message).lines() {
-                let _ = writeln!(out, "    | {line}");
-            }
-        }
-        Verdict::CannotMeasure { layer, source, reason } => {
-            let _ = writeln!(
-                out,
-                "  No verdict could be backed: {source} cannot judge {layer} on {} here. It is a failure, not a pass:",
-                place(report)
-            );
-            let _ = writeln!(out, "  {reason}.");
-        }
+        _ => {}
     }
 }
 
