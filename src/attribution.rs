@@ -369,7 +369,7 @@ mod tests {
         let mut frames = vec![frame("gpu_leak_test::probe::hook::on_event", Some("/x/src/probe/hook.rs"))];
         frames.extend((0..10).map(|i| frame(&format!("at::op{i}"), None)));
         frames.push(frame("user::leaky::{{closure}}", Some("/w/tests/t.rs")));
-        frames.push(frame("gpu_leak_test::protocol::run", Some("/x/src/protocol.rs")));
+        frames.push(frame("gpu_leak_test::protocol::run", Some("/x/src/protocol/mod.rs")));
         frames.push(frame("std::rt::lang_start", Some("/rustc/1/library/std/src/rt.rs")));
         let trimmed = trim_stack(&frames);
         let names: Vec<&str> = trimmed.iter().map(|f| f.function.as_str()).collect();

@@ -29,7 +29,7 @@ use tch::Device;
 /// heap (libtorch's host objects), then memory allocated through the CUDA
 /// driver outside libtorch (pinned host memory, then cuda:0..), then what
 /// libtorch's CUDA allocator asked the driver for (cuda:0..), which counts
-/// tensors where the allocator reports nothing else (see sources.rs), then
+/// tensors where the allocator reports nothing else (see layer/tensors.rs), then
 /// the pinned host memory libtorch's caching host allocator asks the driver
 /// for (CPU tensors).
 const MAX_CUDA_DEVICES: usize = 16;
@@ -496,7 +496,7 @@ impl Tracker {
     }
 
     /// What libtorch's CUDA allocator asked the driver for on `cuda:index`
-    /// and still holds, where the shim counts it (see sources.rs).
+    /// and still holds, where the shim counts it (see layer/tensors.rs).
     pub(crate) fn cuda_allocator_calls_view(&self, index: usize) -> HookView {
         self.slot_view(ALLOCATOR_CALLS_SLOTS + index.min(MAX_CUDA_DEVICES - 1))
     }

@@ -266,7 +266,7 @@ mod tests {
             frame("torch_sys::atg_add", Some("/root/.cargo/registry/src/x/torch-sys/src/lib.rs")),
             frame("tch::wrappers::tensor_generated::Tensor::g_add", Some("/root/.cargo/registry/src/x/tch/src/a.rs")),
             frame("core::ops::function::FnMut::call_mut", Some("/rustc/abc/library/core/src/ops/function.rs")),
-            frame("gpu_leak_test::protocol::run", Some(concat!(env!("CARGO_MANIFEST_DIR"), "/src/protocol.rs"))),
+            frame("gpu_leak_test::protocol::run", Some(concat!(env!("CARGO_MANIFEST_DIR"), "/src/protocol/mod.rs"))),
             frame("my_tests::leaks::{{closure}}", Some("/work/crate/tests/leaks.rs")),
             frame("my_tests::leaks", Some("/work/crate/tests/leaks.rs")),
         ];

@@ -48,7 +48,7 @@ pub fn default_report_dir() -> PathBuf {
 /// time: the outermost folder above it whose Cargo.toml has `[workspace]`,
 /// else the crate's own folder.
 fn workspace_root_at_run_time() -> Option<PathBuf> {
-    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR")?);
+    let manifest_dir = crate::protocol::crate_folder(None)?;
     let is_workspace = |dir: &Path| {
         std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|text| text.lines().any(|l| l.trim() == "[workspace]"))
     };

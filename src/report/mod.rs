@@ -358,11 +358,12 @@ impl Report {
     }
 
     /// Writes the report's files as `LeakTest::check*` does: where
-    /// `GPU_LEAK_TEST_REPORT_DIR`, `gpu-leak-test.yaml` (found from
-    /// CARGO_MANIFEST_DIR at run time) or the default say. A failure to write
+    /// `GPU_LEAK_TEST_REPORT_DIR`, `gpu-leak-test.yaml` (in the crate's
+    /// folder, resolved as the test resolved it) or the default say. A failure to write
     /// is a warning on stderr; [`Report::files`] says what was written.
     pub fn write_files(&mut self) {
-        let root = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+        let given = self.context.crate_root.as_deref().map(std::path::Path::new);
+        let root = crate::protocol::crate_folder(given);
         match crate::config::Settings::resolve(&crate::Options::default(), &self.test, root.as_deref()) {
             Ok(settings) => files::write_or_warn(self, &settings),
             Err(why) => eprintln!("gpu-leak-test: warning: {}: the report was not written ({why})", self.test),
