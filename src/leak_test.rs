@@ -188,6 +188,7 @@ impl LeakTest {
             name: self.name.clone(),
             location: self.location.clone(),
             crate_folder: self.crate_root(),
+            build_folder: self.root.clone(),
             expected_failure: self.expected_failure,
         }
     }

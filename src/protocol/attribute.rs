@@ -20,9 +20,11 @@ pub(super) struct Found {
     pub(super) site_levels: Vec<(Layer, Vec<u64>)>,
 }
 
-/// The folder sites are named relative to.
+/// The folder sites are named relative to: where the build saw the
+/// crate's sources, as the debug info names them.
 fn sites_root(exec: &Executor<'_>) -> std::path::PathBuf {
-    exec.test.crate_folder.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+    let test = exec.test;
+    test.build_folder.clone().or_else(|| test.crate_folder.clone()).unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
 }
 
 /// Runs `count` attribution iterations with stack capture on and groups

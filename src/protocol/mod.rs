@@ -62,6 +62,11 @@ pub(crate) struct TestIdentity {
     /// The crate's folder, resolved once ([`crate_folder`]): where its
     /// config file and baselines are, and what sites are named relative to.
     pub(crate) crate_folder: Option<PathBuf>,
+    /// The crate's folder as the build saw it (the attribute's build-time
+    /// CARGO_MANIFEST_DIR), which the binary's debug info names source
+    /// files under: sites are named relative to it, whether or not it
+    /// exists where the test runs (an archive on a GPU runner).
+    pub(crate) build_folder: Option<PathBuf>,
     pub(crate) expected_failure: bool,
 }
 
