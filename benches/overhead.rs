@@ -183,9 +183,12 @@ enum Variant {
     /// Process scope without CUPTI's callbacks on the driver's allocation
     /// calls (`GPU_LEAK_TEST_DRIVER_CALLS=0`): what that layer costs.
     ProcessWithoutDriverCalls,
+    /// Attribution as it was before host objects got stacks only where
+    /// they are attributed: a stack for every C++ heap block too.
+    AttributionWithHostObjects,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Plain,
     Variant::Counting,
     Variant::Process,
@@ -193,6 +196,7 @@ const VARIANTS: [Variant; 7] = [
     Variant::CountingTensorsOnly,
     Variant::ProcessTensorsOnly,
     Variant::ProcessWithoutDriverCalls,
+    Variant::AttributionWithHostObjects,
 ];
 
 /// Runs `f` under `variant`, as a leak test would run its body: the sources
@@ -205,9 +209,14 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
         .then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
     let hook =
-        matches!(variant, Variant::Counting | Variant::Attribution | Variant::CountingTensorsOnly).then(|| tracker.enter().unwrap());
-    if variant == Variant::Attribution {
-        tracker.start_recording(1);
+        matches!(variant, Variant::Counting | Variant::Attribution | Variant::CountingTensorsOnly | Variant::AttributionWithHostObjects)
+            .then(|| tracker.enter().unwrap());
+    // A tensor leak's attribution: stacks for tensors, not for the C++
+    // heap blocks beside them (see Tracker::start_recording_layers).
+    match variant {
+        Variant::Attribution => tracker.start_recording_layers(1, false),
+        Variant::AttributionWithHostObjects => tracker.start_recording(1),
+        _ => {}
     }
     let value = gpu_leak_test::internals::probe::stacks::stop_walks_here(f);
     tracker.stop_recording();
@@ -314,10 +323,11 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     let names = [
         "passing leak test, thread scope (hook, counting, all layers)",
         "passing leak test, process scope (every thread, counting, all layers)",
-        "attribution forced on (stack per allocation)",
+        "attribution forced on (a stack per tensor allocation, as for a tensor leak)",
         "thread scope without libtorch's host objects",
         "process scope without libtorch's host objects",
         "process scope without the CUDA driver's calls (CUPTI)",
+        "attribution with a stack for every C++ heap block too (as before)",
     ];
     for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (median, min, max) = summary(r);
@@ -393,6 +403,7 @@ fn event_costs(device: Device, scale: &Scale) {
         "thread scope without libtorch's host objects",
         "process scope without libtorch's host objects",
         "process scope without the CUDA driver's calls (CUPTI)",
+        "attribution with a stack for every C++ heap block too (as before)",
     ];
     for (name, ns) in names.into_iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);

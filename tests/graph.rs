@@ -219,7 +219,9 @@ fn a_kept_detached_tensor_fails_once_with_its_records_at_its_site(device: &str) 
             let line = mark.location(FILE);
             let recurring: Vec<_> = report.findings.attribution.as_ref().unwrap().sites.iter().filter(|s| s.survivors.iterations.len() > 1).collect();
             assert!(recurring.iter().all(|s| s.location.as_deref() == Some(line.as_str())), "one site, {line}:\n{report}");
-            assert!(recurring.iter().any(|s| s.layer == Layer::HostObjects), "the records shown with it:\n{report}");
+            // The records are judged from the tensors' sites: no stack is
+            // paid for a C++ heap block beside a tensor leak they explain.
+            assert!(recurring.iter().all(|s| s.layer != Layer::HostObjects), "no stacks for the records:\n{report}");
             assert!(report.to_string().contains("records_of_kept_tensors"), "{report}");
         },
     );

@@ -568,9 +568,17 @@ impl Tracker {
 
     /// Starts keeping every new allocation with its stack, tagged `tag`.
     pub fn start_recording(&self, tag: u32) {
+        self.start_recording_layers(tag, true);
+    }
+
+    /// [`Tracker::start_recording`], leaving libtorch's host objects out
+    /// unless `host_objects`: a training step makes ten times more C++ heap
+    /// blocks than tensors, and a stack for each is most of attribution's
+    /// cost, so they are recorded only where that layer is attributed.
+    pub fn start_recording_layers(&self, tag: u32, host_objects: bool) {
         self.state.tag.store(tag, Relaxed);
         self.state.recording.store(true, Relaxed);
-        self.record_host_objects(true);
+        self.record_host_objects(host_objects);
     }
 
     /// Has the shim send this tracker's C++ heap blocks here too (`on`),

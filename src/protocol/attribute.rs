@@ -28,24 +28,30 @@ fn sites_root(exec: &Executor<'_>) -> std::path::PathBuf {
 }
 
 /// Runs `count` attribution iterations with stack capture on and groups
-/// the allocations that survive them. `Err` is how the body failed there.
+/// the allocations that survive them; libtorch's host objects get stacks
+/// only where `host_objects`. `Err` is how the body failed there.
 /// Attribution's samples count as attribution's time, not as sampling.
-pub(super) fn survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, count: u32) -> Result<Found, Verdict> {
+pub(super) fn survivors(
+    exec: &mut Executor<'_>,
+    iteration: &mut Iteration<'_>,
+    count: u32,
+    host_objects: bool,
+) -> Result<Found, Verdict> {
     let (started, sampling_before) = (Instant::now(), exec.time.sampling);
-    let found = record_survivors(exec, iteration, count);
-    exec.time.attribution = started.elapsed();
+    let found = record_survivors(exec, iteration, count, host_objects);
+    exec.time.attribution += started.elapsed();
     exec.time.sampling = sampling_before;
     found
 }
 
-fn record_survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, count: u32) -> Result<Found, Verdict> {
+fn record_survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, count: u32, host_objects: bool) -> Result<Found, Verdict> {
     let tracker = exec.probes.tracker.clone();
     tracker.clear_recorded();
     let watching = crate::refs::Watching::start();
     // In process scope the C++ heap reaches the tracker only to be recorded.
-    let feed = exec.probes.counted.iter().any(|c| c.feeds_sites_on_request());
+    let feed = host_objects && exec.probes.counted.iter().any(|c| c.feeds_sites_on_request());
     crate::probe::process::record_host_object_sites(feed);
-    tracker.start_recording(1);
+    tracker.start_recording_layers(1, host_objects);
     let mut by_stack_each_iteration = Vec::new();
     for i in 1..=count {
         tracker.set_tag(i);
@@ -78,7 +84,7 @@ pub(super) fn peak_sites(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>,
     let (started, sampling_before) = (Instant::now(), exec.time.sampling);
     let tracker = exec.probes.tracker.clone();
     tracker.clear_recorded();
-    tracker.start_recording(1);
+    tracker.start_recording_layers(1, exec.probes.layer(d) == Layer::HostObjects);
     exec.probes.counted[d].watch_peak(&tracker);
     let mut alive_at_peaks = Vec::new();
     for i in 1..=count {

@@ -141,6 +141,11 @@ impl Judge {
         self.layers.iter().position(|&l| l == Layer::HostObjects)
     }
 
+    /// Whether libtorch's host objects are a leak.
+    pub(super) fn host_objects_leak(&self) -> bool {
+        self.host_objects().is_some_and(|h| self.judged().contains(&h) && self.leak(h).is_some())
+    }
+
     /// Whether any judged tensor layer is a leak.
     pub(super) fn a_tensor_layer_leaks(&self) -> bool {
         self.judged().into_iter().any(|d| matches!(self.layers[d], Layer::Tensors(_)) && self.leak(d).is_some())
@@ -195,6 +200,9 @@ impl Judge {
         for d in self.judged() {
             let Some(leak) = self.leak(d).cloned() else { continue };
             let on = self.layers[d];
+            if on == Layer::HostObjects && !evidence.host_objects_recorded {
+                continue;
+            }
             let suppressed = attribution.apply_suppressions(on, evidence.suppressions);
             let levels: Vec<Vec<u64>> = site_levels.iter().filter(|(layer, _)| *layer == on).map(|(_, l)| l.clone()).collect();
             if !evidence.attributable[d] && leak.drift.is_none() {
@@ -280,6 +288,9 @@ pub(super) struct AttributionEvidence<'a> {
     pub(super) suppressions: &'a [crate::config::Suppression],
     /// Per layer: its source names allocation sites.
     pub(super) attributable: Vec<bool>,
+    /// Whether libtorch's host objects got stacks: where they did not,
+    /// their leak waits for rule 4.
+    pub(super) host_objects_recorded: bool,
     /// The "cannot measure" verdict of layer `d`'s source for growth of
     /// this many bytes per iteration with no exact pattern.
     pub(super) cannot_measure: &'a dyn Fn(usize, f64) -> Verdict,

@@ -26,7 +26,7 @@ use crate::report::Report;
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
 use crate::verdict::{Phase, Verdict};
-use crate::report::Findings;
+use crate::report::{Findings, PrewarmParts};
 use execute::{Executor, Iteration};
 use judge::{AttributionEvidence, Judge, Rules};
 use probes::Probes;
@@ -99,6 +99,7 @@ pub(crate) fn measure<I>(
 where
     I: FnMut() -> std::result::Result<(), String>,
 {
+    let mut parts = PrewarmParts { settings: started.elapsed(), ..PrewarmParts::default() };
     let scope = settings.scope.resolve(Runner::detect());
     // Lock order: scope, then device, for every leak test.
     let locking = Instant::now();
@@ -113,14 +114,19 @@ where
     let unwired = || Probes::wire(device, scope, Tracker::new(), None, Default::default());
     // Before anything calls into libtorch's classes: a libtorch other than
     // the one the shim was built against is read wrongly, or crashes.
+    let part = Instant::now();
     if let Err(message) = crate::probe::libtorch::check_loaded() {
         return stop_in_setup(unwired(), message);
     }
+    parts.libtorch_check = part.elapsed();
+    let part = Instant::now();
     if let Device::Cuda(index) = device {
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
         let _ = crate::probe::cuda::prewarm(index);
     }
+    parts.cuda_state = part.elapsed();
+    let part = Instant::now();
     let observation = Observation::open(scope.is_process());
     let probes = match wire(device, scope, &observation) {
         Ok(probes) => probes,
@@ -136,6 +142,8 @@ where
     };
     let (mut exec, mut judge) = stages(test, settings, probes);
     exec.notes = exec.probes.coverage_notes();
+    parts.sources = part.elapsed();
+    let part = Instant::now();
     let records_per_tensor = match exec.probes.prove() {
         Ok(records) => records,
         Err((d, verdict)) => {
@@ -144,9 +152,11 @@ where
             return assemble::report(exec, &judge, Findings::default(), started);
         }
     };
+    parts.canaries = part.elapsed();
     exec.samples = samples::Samples::new(exec.probes.levels_now());
     exec.time.waiting = waiting;
     exec.time.prewarm = started.elapsed().saturating_sub(waiting);
+    exec.time.prewarm_parts = parts;
     // In process scope every thread is counted, so the threads the test
     // starts and leaves running can be named with what they hold.
     let threads_at_start = scope.is_process().then(crate::threads::alive);
@@ -253,9 +263,11 @@ fn check_baseline(exec: &Executor<'_>, judge: &mut Judge) -> Option<crate::basel
     checked.outcome
 }
 
-/// Runs attribution and judges each leak again on what it found. Where the
-/// body fails during it, the leak found before stands, and the report says
-/// where attribution stopped.
+/// Runs attribution and judges each leak again on what it found. Host
+/// objects get stacks only where they are attributed: where they leak
+/// alone, or beside a tensor leak whose kept tensors' records (rule 4) do
+/// not explain their growth; then attribution runs again with them, and
+/// the first pass is forgotten.
 fn attribute_and_judge(
     exec: &mut Executor<'_>,
     judge: &mut Judge,
@@ -264,7 +276,31 @@ fn attribute_and_judge(
     iteration: &mut Iteration<'_>,
     count: u32,
 ) {
-    let mut found = match attribute::survivors(exec, iteration, count) {
+    let (tensors_leak, host_objects_leak) = (judge.a_tensor_layer_leaks(), judge.host_objects_leak());
+    let (window_verdicts, samples, notes) = (judge.verdicts.clone(), exec.samples.len(), exec.notes.len());
+    let pass = Pass { records_per_tensor, count, host_objects: host_objects_leak && !tensors_leak };
+    attribute_once(exec, judge, findings, iteration, pass);
+    if tensors_leak && judge.host_objects_leak() && findings.attribution_failure.is_none() {
+        judge.verdicts = window_verdicts;
+        exec.samples.truncate(samples);
+        exec.notes.truncate(notes);
+        attribute_once(exec, judge, findings, iteration, Pass { host_objects: true, ..pass });
+    }
+}
+
+/// One attribution pass: how many iterations, and whether host objects
+/// get stacks.
+#[derive(Clone, Copy)]
+struct Pass {
+    records_per_tensor: i64,
+    count: u32,
+    host_objects: bool,
+}
+
+/// Where the body fails during attribution, the leak found before stands,
+/// and the report says where attribution stopped.
+fn attribute_once(exec: &mut Executor<'_>, judge: &mut Judge, findings: &mut Findings, iteration: &mut Iteration<'_>, pass: Pass) {
+    let mut found = match attribute::survivors(exec, iteration, pass.count, pass.host_objects) {
         Ok(found) => found,
         Err(stopped) => {
             exec.notes.push(attribute::stopped_note(&stopped));
@@ -289,11 +325,12 @@ fn attribute_and_judge(
         samples: &exec.samples,
         suppressions: &exec.settings.suppressions,
         attributable: counted.iter().map(|c| c.attributable()).collect(),
+        host_objects_recorded: pass.host_objects,
         cannot_measure: &cannot_measure,
     };
     let notes = judge.after_attribution(&mut found.attribution, &found.site_levels, &evidence);
     exec.notes.extend(notes);
-    judge.records_of_kept_tensors(&found.attribution, &exec.samples, records_per_tensor);
+    judge.records_of_kept_tensors(&found.attribution, &exec.samples, pass.records_per_tensor);
     findings.attribution = Some(found.attribution);
     findings.references = found.references;
 }

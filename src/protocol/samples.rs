@@ -106,6 +106,20 @@ impl Samples {
         self.measured_window(|i| self.process_wide.get(i).map(|l| l[d]))
     }
 
+    /// How many samples were taken.
+    pub(super) fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Forgets the samples from the `len`-th on (an attribution pass run
+    /// again).
+    pub(super) fn truncate(&mut self, len: usize) {
+        self.samples.truncate(len);
+        self.levels.truncate(len);
+        self.process_wide.truncate(len);
+        self.iteration_peaks.truncate(len);
+    }
+
     /// Whether layer `d`'s level ever left where it started.
     pub(super) fn moved(&self, d: usize) -> bool {
         self.levels.iter().any(|l| l[d] != self.start[d])

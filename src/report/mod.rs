@@ -198,11 +198,36 @@ pub struct HarnessTime {
     /// device's context. Any CUDA code pays it once per process (the body
     /// would in its first iteration); a test on the CPU never does.
     pub cuda_startup: Duration,
+    /// `prewarm`, part by part.
+    #[serde(default)]
+    pub prewarm_parts: PrewarmParts,
     /// Synchronising the device and reading every view after each iteration.
     pub sampling: Duration,
     /// Attribution, where it ran: its iterations with a stack captured for
     /// every allocation, then grouping and symbolising the survivors.
     pub attribution: Duration,
+}
+
+/// The parts of a leak test's prewarm, each wall time on the test's thread.
+/// Their sum, less `cuda_startup`, is nearly all of `prewarm` (the rest is
+/// the scope and device locks' bookkeeping).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct PrewarmParts {
+    /// Resolving the settings (attribute, environment, config file) and
+    /// the device, which loads CUDA where the test asks for it.
+    pub settings: Duration,
+    /// Checking that the libtorch loaded is the one built against (once
+    /// per process).
+    pub libtorch_check: Duration,
+    /// CUDA's one-time state outside the measurement: the device's context,
+    /// cuBLAS handles and workspace, autograd's device thread.
+    pub cuda_state: Duration,
+    /// Opening the sources: the counting CPU allocator, the CUDA trace
+    /// tracker, CUPTI's callbacks on the driver, the per-thread hook.
+    pub sources: Duration,
+    /// Every layer's canary.
+    pub canaries: Duration,
 }
 
 impl HarnessTime {
