@@ -42,6 +42,7 @@ use std::time::Instant;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
+#[derive(Clone, Copy)]
 struct Scale {
     rounds: usize,
     steps_per_round: usize,
@@ -240,6 +241,17 @@ fn time_variant(step: &mut dyn TrainingStep, device: Device, variant: Variant, s
     })
 }
 
+/// A 95% interval for the median of `values` from their order statistics
+/// (the binomial bound: no assumption on the distribution).
+fn median_interval(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = values.len() as f64;
+    let half_width = (1.96 * n.sqrt() / 2.0).ceil() as usize;
+    let low = (values.len() / 2).saturating_sub(half_width);
+    let high = (values.len() / 2 + half_width).min(values.len() - 1);
+    (values[low], values[high])
+}
+
 fn summary(values: &mut [f64]) -> (f64, f64, f64) {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     (values[values.len() / 2], values[0], values[values.len() - 1])
@@ -318,8 +330,10 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     println!(
         "Unwinder rule cache over one step with attribution, on the test's thread: {hits} hits, {collisions} misses from slot collisions, {other} other misses.\n"
     );
-    println!("| variant | ratio to plain: median | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- |");
-    println!("| plain (no hook) | 1.000 | | | |");
+    println!(
+        "| variant | ratio to plain: median | median's 95% interval | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    println!("| plain (no hook) | 1.000 | | | | |");
     let names = [
         "passing leak test, thread scope (hook, counting, all layers)",
         "passing leak test, process scope (every thread, counting, all layers)",
@@ -330,9 +344,10 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
         "attribution with a stack for every C++ heap block too (as before)",
     ];
     for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
+        let (low, high) = median_interval(r);
         let (median, min, max) = summary(r);
         let (ns, _, _) = summary(ns);
-        println!("| {name} | {median:.3} | {min:.3} | {max:.3} | {ns:.0} ns |");
+        println!("| {name} | {median:.3} | {low:.3} to {high:.3} | {min:.3} | {max:.3} | {ns:.0} ns |");
     }
     println!();
 }
@@ -736,7 +751,11 @@ fn main() {
     let full = args.iter().any(|a| a == "--bench");
     let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
     let wanted = |section: &str| named.is_empty() || named.contains(&section);
-    let scale = if full { &FULL } else { &SMOKE };
+    // `--rounds=N`: more rounds where a median's spread must be narrower
+    // than a target's margin.
+    let rounds = args.iter().find_map(|a| a.strip_prefix("--rounds=")?.parse::<usize>().ok());
+    let chosen = if full { &FULL } else { &SMOKE };
+    let scale = &Scale { rounds: rounds.unwrap_or(chosen.rounds), ..*chosen };
     // `--runs=N`: how many clean runs the false-alarm section makes.
     let false_alarm_runs = args.iter().find_map(|a| a.strip_prefix("--runs=")?.parse::<usize>().ok());
     let has_cuda = cuda::is_available();
