@@ -42,9 +42,8 @@ use crate::probe::hook::{HookView, Tracker};
 use crate::probe::process::Coverage;
 use crate::verdict::{Leak, Verdict};
 
-/// One judged layer of memory. Each has one home, a module of its own
-/// beside this one, that says what it is and how it is counted, proved and
-/// judged ([`Home`]); this file only registers them.
+/// One judged layer of memory. Each has one home in the crate, a module of
+/// its own that says what it is and how it is counted, proved and judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Layer {

@@ -63,6 +63,7 @@ fn slot_of_raw(device_type: i32, device_index: i32) -> usize {
     }
 }
 
+#[cfg(feature = "internals")]
 fn slot_of(device: Device) -> usize {
     match device {
         Device::Cpu => 0,
@@ -567,6 +568,7 @@ impl Tracker {
     }
 
     /// Starts keeping every new allocation with its stack, tagged `tag`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn start_recording(&self, tag: u32) {
         self.start_recording_layers(tag, true);
     }

@@ -15,7 +15,7 @@ pub mod svg;
 pub(crate) mod text;
 
 // What a report is made of, wherever it is decided.
-pub use crate::attribution::{Attribution, Site};
+pub use crate::attribution::{AllocatedBy, Attribution, Site, Survivors};
 pub use crate::baseline::{BaselineOutcome, BaselineStatus, FigureChange, Figures};
 pub use crate::layer::Layer;
 pub use crate::probe::Frame;
