@@ -71,6 +71,16 @@ def main():
         f"{ms(slowest['total'] - slowest['body'] - slowest['waiting'] - slowest['cuda_startup'])} ms of its own, "
         f"most of it {top[1]} ({ms(slowest[top[0]])} ms).\n"
     )
+    # A CUDA test pays CUDA's one-time state in its own process under
+    # nextest; a CPU test never does: their medians apart.
+    print("| tests on | count | the harness's own: median | max | of it, CUDA's one-time state: median |\n| --- | --- | --- | --- | --- |")
+    for label, on_cpu in (("the CPU", True), ("CUDA", False)):
+        group = [(r, o) for r, o in zip(rows, own) if (r["device"] == "cpu") == on_cpu]
+        if group:
+            values = [o for _, o in group]
+            state = [r["prewarm_cuda_state"] for r, _ in group]
+            print(f"| {label} | {len(group)} | {ms(statistics.median(values))} | {ms(max(values))} | {ms(statistics.median(state))} |")
+    print()
 
 
 main()

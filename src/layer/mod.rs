@@ -1,5 +1,13 @@
-//! The layers of memory a leak test judges, each with its own source and
-//! verdict.
+//! The layers of memory a leak test judges. Each has its home in a module
+//! of its own here; this file registers them (`Layer`, `home`, `HOMES`,
+//! `followed`) and holds what every home provides (`Home`, `Counting`).
+pub(crate) mod host_objects;
+pub(crate) mod outside_libtorch;
+pub(crate) mod tensors;
+
+use crate::probe::hook::{HookView, Tracker};
+use crate::probe::process::Coverage;
+use crate::verdict::{Leak, Verdict};
 use std::fmt;
 use tch::Device;
 
@@ -33,14 +41,6 @@ pub(crate) mod device_serde {
         super::device_from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a device name")))
     }
 }
-
-pub(crate) mod host_objects;
-pub(crate) mod outside_libtorch;
-pub(crate) mod tensors;
-
-use crate::probe::hook::{HookView, Tracker};
-use crate::probe::process::Coverage;
-use crate::verdict::{Leak, Verdict};
 
 /// One judged layer of memory. Each has one home in the crate, a module of
 /// its own that says what it is and how it is counted, proved and judged.

@@ -22,11 +22,10 @@ mod samples;
 use crate::config::Settings;
 use crate::probe::process::Observation;
 use crate::probe::Tracker;
-use crate::report::Report;
+use crate::report::{Findings, PrewarmParts, Report};
 use crate::scope::{ResolvedScope, Runner};
 use crate::threads::TestThreads;
 use crate::verdict::{Phase, Verdict};
-use crate::report::{Findings, PrewarmParts};
 use execute::{Executor, Iteration};
 use judge::{AttributionEvidence, Judge, Rules};
 use probes::Probes;
@@ -60,7 +59,7 @@ pub(crate) struct TestIdentity {
     pub(crate) name: String,
     pub(crate) location: Option<String>,
     /// The crate's folder, resolved once ([`crate_folder`]): where its
-    /// config file and baselines are, and what sites are named relative to.
+    /// config file and baselines are, and what reports name as its root.
     pub(crate) crate_folder: Option<PathBuf>,
     /// The crate's folder as the build saw it (the attribute's build-time
     /// CARGO_MANIFEST_DIR), which the binary's debug info names source
@@ -112,20 +111,9 @@ where
         assemble::report(exec, &judge, Findings::default(), started)
     };
     let unwired = || Probes::wire(device, scope, Tracker::new(), None, Default::default());
-    // Before anything calls into libtorch's classes: a libtorch other than
-    // the one the shim was built against is read wrongly, or crashes.
-    let part = Instant::now();
-    if let Err(message) = crate::probe::libtorch::check_loaded() {
+    if let Err(message) = prewarm(device, &mut parts) {
         return stop_in_setup(unwired(), message);
     }
-    parts.libtorch_check = part.elapsed();
-    let part = Instant::now();
-    if let Device::Cuda(index) = device {
-        // Best effort: a failure here shows up again, with context, in
-        // the test's own first CUDA call.
-        let _ = crate::probe::cuda::prewarm(index);
-    }
-    parts.cuda_state = part.elapsed();
     let part = Instant::now();
     let observation = Observation::open(scope.is_process());
     let probes = match wire(device, scope, &observation) {
@@ -172,6 +160,24 @@ where
     findings.threads_left_running =
         threads_at_start.map(|at_start| crate::threads::left_running(&at_start, &tracker)).unwrap_or_default();
     assemble::report(exec, &judge, findings, started)
+}
+
+/// Checks the libtorch loaded, then readies CUDA's one-time state outside
+/// the measurement, timing each. `Err` is a libtorch other than the one
+/// the shim was built against: checked before anything calls into
+/// libtorch's classes, which it would read wrongly, or crash in.
+fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
+    let part = Instant::now();
+    crate::probe::libtorch::check_loaded()?;
+    parts.libtorch_check = part.elapsed();
+    let part = Instant::now();
+    if let Device::Cuda(index) = device {
+        // Best effort: a failure here shows up again, with context, in
+        // the test's own first CUDA call.
+        let _ = crate::probe::cuda::prewarm(index);
+    }
+    parts.cuda_state = part.elapsed();
+    Ok(())
 }
 
 /// The probes of one run. Process scope counts through the process-wide
