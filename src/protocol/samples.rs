@@ -126,13 +126,17 @@ impl Samples {
     }
 
     /// Whether layer `d`'s trough rose: its lowest level over attribution's
-    /// iterations is above its lowest over the measured and confirmation
-    /// ones. A block that comes and goes (another thread's cache, a
-    /// library's scratch) leaves the trough where it was; something kept
-    /// every iteration lifts it.
+    /// iterations is above the window's latest trough, its lowest level over
+    /// the second half of the measured and confirmation iterations. A block
+    /// that comes and goes (another thread's cache, a library's scratch)
+    /// leaves the trough where it was, and so does a one-off kept earlier in
+    /// the window (libtorch's lazily made state, at whichever backward()
+    /// the scheduling gives it): the latest trough holds it already.
+    /// Something kept every iteration lifts attribution's trough above it.
     pub(super) fn trough_rose_during_attribution(&self, d: usize) -> bool {
-        let lowest = |phases: &[Phase]| self.levels_in(d, phases).min();
-        match (lowest(&[Phase::Measure, Phase::Confirm]), lowest(&[Phase::Attribution])) {
+        let window: Vec<i64> = self.levels_in(d, &[Phase::Measure, Phase::Confirm]).collect();
+        let latest = window[window.len() / 2..].iter().copied().min();
+        match (latest, self.levels_in(d, &[Phase::Attribution]).min()) {
             (Some(before), Some(during)) => during > before,
             _ => false,
         }
@@ -231,6 +235,19 @@ mod tests {
         assert_eq!(samples.test_peaks, vec![900]);
         assert_eq!(samples.iteration_peaks, vec![vec![700]]);
         assert_eq!(samples.baseline_figures(0).iteration_peak_bytes, 700);
+    }
+
+    #[test]
+    fn a_one_off_kept_early_in_the_window_does_not_raise_the_trough_of_a_sawtooth() {
+        // Period 4, 200 B kept once at the window's second drop (BPTT with a
+        // lazily made record): attribution's troughs equal the latest one.
+        let window: &[&[i64]] = &[&[0], &[2400], &[4800], &[600], &[3000], &[5400], &[7800], &[800], &[3200], &[5600], &[8000], &[800]];
+        let mut samples = scripted(0, window);
+        for level in [3200, 5600, 8000, 800, 3200] {
+            let sample = Sample::from_snapshot(Phase::Attribution, 1, &Snapshot::empty());
+            samples.push(Reading { sample, levels: vec![level], process_wide: None, peaks: vec![None] });
+        }
+        assert!(!samples.trough_rose_during_attribution(0));
     }
 
     #[test]
