@@ -113,14 +113,6 @@ impl Counting for Counted {
         }
     }
 
-    fn attributable(&self) -> bool {
-        true
-    }
-
-    fn counts_events(&self) -> bool {
-        true
-    }
-
     fn level(&self, tracker: &Tracker) -> i64 {
         match self.source {
             Source::Hook => self.view(tracker).live_bytes,
@@ -168,10 +160,6 @@ impl Counting for Counted {
             .ok_or_else(|| self.blind_reason())?;
         self.reset_peak(proof.tracker);
         Ok(added)
-    }
-
-    fn coverage_note(&self, _: &Coverage) -> Option<String> {
-        None
     }
 
     fn feeds_sites_on_request(&self) -> bool {

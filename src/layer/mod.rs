@@ -185,8 +185,11 @@ pub(crate) trait Home: Sync {
     fn keeps_peak(&self) -> bool;
     /// Its source in this scope, before its canary.
     fn count(&self, device: Device, process_scope: bool, coverage: &Coverage) -> Box<dyn Counting>;
-    /// Its verdict on a leak once attribution ran.
-    fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict;
+    /// Its verdict on a leak once attribution ran: by default the rule
+    /// every layer shares (`verdict::after_attribution`).
+    fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict {
+        crate::verdict::after_attribution(leak, found.replaced, found.suppressed_per_iteration, found.window, found.threshold_bytes)
+    }
 }
 
 /// What attribution found about one leaking layer, for its rule.
@@ -231,10 +234,14 @@ pub(crate) trait Counting: Send + Sync {
     fn source_name(&self) -> &'static str;
     /// The source sees each allocation, so survivors can be grouped by
     /// site; statistics give totals only.
-    fn attributable(&self) -> bool;
+    fn attributable(&self) -> bool {
+        true
+    }
     /// The source reports allocation events; where it does not
     /// (statistics), a level that moved is the sign the layer was used.
-    fn counts_events(&self) -> bool;
+    fn counts_events(&self) -> bool {
+        true
+    }
     /// Live bytes now.
     fn level(&self, tracker: &Tracker) -> i64;
     /// Live bytes now on every thread, where a test counts only its own
@@ -256,7 +263,9 @@ pub(crate) trait Counting: Send + Sync {
     /// added, `Err` why every source was blind.
     fn prove(&mut self, proof: Proof<'_>) -> Result<i64, String>;
     /// What the report says about how it was counted, where that limits it.
-    fn coverage_note(&self, coverage: &Coverage) -> Option<String>;
+    fn coverage_note(&self, _coverage: &Coverage) -> Option<String> {
+        None
+    }
     /// The shim feeds its blocks to the tracker only while attribution
     /// asks (process scope's C++ heap).
     fn feeds_sites_on_request(&self) -> bool {

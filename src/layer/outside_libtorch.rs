@@ -9,10 +9,9 @@
 //! the whole process in process scope. Followed for a CUDA body unless
 //! `GPU_LEAK_TEST_DRIVER_CALLS=0`; its canary is a raw driver allocation
 //! made from outside libtorch.
-use super::{Attributed, Counting, Home, Layer, Peaks, Proof, CANARY_BYTES, HOOK};
+use super::{Counting, Home, Layer, Peaks, Proof, CANARY_BYTES, HOOK};
 use crate::probe::hook::{HookView, Tracker};
 use crate::probe::process::Coverage;
-use crate::verdict::{Leak, Verdict};
 use tch::Device;
 
 /// The home of [`Layer::OutsideLibtorch`].
@@ -98,10 +97,6 @@ impl Home for OutsideLibtorch {
     fn count(&self, device: Device, process_scope: bool, _: &Coverage) -> Box<dyn Counting> {
         Box::new(Counted { on: device, source: if process_scope { Source::DriverCalls } else { Source::Hook } })
     }
-
-    fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict {
-        crate::verdict::after_attribution(leak, found.replaced, found.suppressed_per_iteration, found.window, found.threshold_bytes)
-    }
 }
 
 /// What counts the driver's allocations outside libtorch.
@@ -130,14 +125,6 @@ impl Counting for Counted {
             Source::Hook => HOOK,
             Source::DriverCalls => "CUPTI's callbacks on the CUDA driver's allocation calls",
         }
-    }
-
-    fn attributable(&self) -> bool {
-        true
-    }
-
-    fn counts_events(&self) -> bool {
-        true
     }
 
     fn level(&self, tracker: &Tracker) -> i64 {
@@ -217,9 +204,6 @@ impl Counting for Counted {
         }))
     }
 
-    fn coverage_note(&self, _: &Coverage) -> Option<String> {
-        None
-    }
 }
 
 #[cfg(test)]

@@ -16,11 +16,10 @@
 //! Its canary is a 512-byte tensor allocated and freed on the device; a
 //! source that misses it falls back along that chain, and where every one
 //! is blind the test is "cannot measure", naming the setting behind it.
-use super::{Attributed, Counting, Home, Layer, Peaks, Proof, CANARY_BYTES, HOOK};
+use super::{Counting, Home, Layer, Peaks, Proof, CANARY_BYTES, HOOK};
 use crate::probe::cuda;
 use crate::probe::hook::{HookView, Tracker};
 use crate::probe::process::Coverage;
-use crate::verdict::{Leak, Verdict};
 use tch::Device;
 
 /// The home of [`Layer::Tensors`].
@@ -74,10 +73,6 @@ impl Home for Tensors {
 
     fn count(&self, device: Device, process_scope: bool, coverage: &Coverage) -> Box<dyn Counting> {
         Box::new(Counted { device, source: choose(device, process_scope, coverage) })
-    }
-
-    fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict {
-        crate::verdict::after_attribution(leak, found.replaced, found.suppressed_per_iteration, found.window, found.threshold_bytes)
     }
 }
 

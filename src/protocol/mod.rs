@@ -80,8 +80,9 @@ pub(crate) fn crate_folder(given: Option<&Path>) -> Option<PathBuf> {
     let at_run_time = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).filter(|p| p.is_dir());
     let given = given.filter(|p| p.is_dir());
     let manifest = |dir: &Path| std::fs::read(dir.join("Cargo.toml")).ok();
+    let same_crate = |given: &Path, run: &Path| given != run && manifest(given).is_some_and(|m| Some(m) == manifest(run));
     match (given, at_run_time) {
-        (Some(given), Some(run)) if given != run && manifest(given).is_some() && manifest(given) == manifest(&run) => Some(run),
+        (Some(given), Some(run)) if same_crate(given, &run) => Some(run),
         (Some(given), _) => Some(given.to_path_buf()),
         (None, run) => run,
     }
