@@ -255,8 +255,11 @@ impl Judge {
     /// Where attribution stopped, whether host objects grew beside a tensor
     /// leak, which only attribution could have explained.
     pub(super) fn host_objects_unexplained(&self) -> Option<Note> {
-        let rate = self.host_objects().filter(|&h| self.judged().contains(&h)).and_then(|h| self.leak(h))?.bytes_per_iteration;
-        self.a_tensor_layer_leaks().then(|| Note::HostObjectsUnexplained { bytes_per_iteration: rate.round().max(0.0) as u64 })
+        if !(self.host_objects_leak() && self.a_tensor_layer_leaks()) {
+            return None;
+        }
+        let rate = self.leak(self.host_objects()?)?.bytes_per_iteration;
+        Some(Note::HostObjectsUnexplained { bytes_per_iteration: rate.round().max(0.0) as u64 })
     }
 
     /// Rule 5: the layer whose verdict the test gets: a failure in any
