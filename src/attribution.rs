@@ -280,10 +280,12 @@ fn is_driver_callback_frame(frame: &Frame) -> bool {
 pub fn trim_stack(frames: &[Frame]) -> Vec<Frame> {
     const KEEP_LIBRARY_RUN: usize = 3;
     // The walk starts inside the hook (this crate, the shim, inlined core
-    // helpers): begin after the last such frame near the top.
-    let start = frames
+    // helpers): begin after the last such frame near the top, above the
+    // user's first frame (the harness's frames below it, which a short
+    // stack from the Rust heap's allocator reaches, are not the hook).
+    let first_user = frames.iter().position(|f| !stacks::is_library_frame(f)).unwrap_or(frames.len());
+    let start = frames[..first_user.min(32)]
         .iter()
-        .take(32)
         .rposition(|f| is_hook_frame(f) || f.file.as_deref().is_some_and(stacks::is_own_source))
         .map_or(0, |i| i + 1);
     // Below a CUPTI callback come CUPTI's and the driver's own frames,
