@@ -21,6 +21,10 @@ pub const DEVICE_TYPE_CUDA_ALLOCATOR_CALLS: i32 = -4;
 /// Pinned host memory libtorch's caching host allocator asks the driver for
 /// (pin_memory()): CPU tensors.
 pub const DEVICE_TYPE_PINNED_BY_LIBTORCH: i32 = -5;
+/// The Rust heap: what Rust code allocates through the counting global
+/// allocator (src/layer/rust_heap.rs). Rust's own kind: the shim never
+/// reports it.
+pub const DEVICE_TYPE_RUST_HEAP: i32 = -6;
 
 /// The shim's kinds as C++ names them in glt_event_kinds.h.
 #[allow(dead_code)] // read by build.rs only

@@ -55,13 +55,20 @@ pub use report::Report;
 pub use tch;
 pub use verdict::Verdict;
 
-/// The values options take, the settings a test resolves to, and the
-/// config file's parts.
+/// The Rust heap's count, in every test binary that links this crate: see
+/// [`settings::RustHeap`] for a binary with an allocator of its own.
+#[cfg(feature = "rust-heap")]
+#[global_allocator]
+static RUST_HEAP: layer::rust_heap::RustHeap = layer::rust_heap::RustHeap::new(std::alloc::System);
+
+/// The values options take, the settings a test resolves to, the config
+/// file's parts, and the allocator that counts the Rust heap.
 pub mod settings {
     pub use crate::baseline::{BaselineMode, BaselineSettings};
     pub use crate::config::{Plots, Settings, Suppression, CONFIG_FILE_NAME};
     pub use crate::device::DeviceChoice;
     pub use crate::error::InvalidValue;
+    pub use crate::layer::rust_heap::RustHeap;
     pub use crate::leak_test::cuda_device_or_skip;
     pub use crate::scope::Scope;
 }
@@ -81,6 +88,7 @@ pub mod internals {
     /// measure" tests and the benchmark's variants without a layer.
     pub mod switches {
         pub use crate::layer::host_objects::switch_off_host_objects;
+        pub use crate::layer::rust_heap::switch_off_rust_heap;
         pub use crate::layer::tensors::switch_off;
     }
 }

@@ -387,6 +387,11 @@ pub enum Verdict {
     Plateau { bytes: i64, settled_at: u32 },
     /// Growth at or under the threshold: passes, reported.
     WithinThreshold { retained_bytes: i64, bytes_per_iteration: f64 },
+    /// Rust-heap growth that, amortised over every call of the body, keeps
+    /// no more per call than the layer's allowance: a log of numbers, a
+    /// `Vec` doubling its capacity. Passes, reported. See
+    /// `rust_heap_decide`.
+    WithinAllowance { retained_bytes: i64, bytes_per_call: f64, allowance_bytes: u64 },
     /// Retained growth over the threshold, recurring across iterations.
     Leak(Leak),
     /// Live bytes go up and down but do not grow: a sawtooth whose trough
@@ -439,6 +444,7 @@ impl Verdict {
                 | Verdict::OneTimeRetention { .. }
                 | Verdict::Plateau { .. }
                 | Verdict::WithinThreshold { .. }
+                | Verdict::WithinAllowance { .. }
                 | Verdict::Bounded { .. }
                 | Verdict::Suppressed { .. }
                 | Verdict::RecordsOfKeptTensors { .. }
@@ -463,6 +469,7 @@ impl Verdict {
             Verdict::OneTimeRetention { .. } => "one_time_retention",
             Verdict::Plateau { .. } => "plateau",
             Verdict::WithinThreshold { .. } => "within_threshold",
+            Verdict::WithinAllowance { .. } => "within_allowance",
             Verdict::Leak(_) => "leak",
             Verdict::Bounded { .. } => "bounded",
             Verdict::Suppressed { .. } => "suppressed",
@@ -519,6 +526,42 @@ pub(crate) fn decide(series: &Series, window: u32, threshold_bytes: u64, peak: O
         }
         _ => Verdict::Clean,
     }
+}
+
+/// The Rust heap's verdict on the window. Rust code keeps small things
+/// by design (a log of one `f64` per step, a `String` of metrics), and a
+/// `Vec` grows its capacity by doubling: its level rises in steps that
+/// come further apart and grow larger, which no window of a few iterations
+/// can tell from a leak by their shape. What it holds is bounded by twice
+/// what was pushed, though, so the rule amortises: growth since warm-up
+/// divided by every call of the body (warm-up included, see
+/// [`amortised_growth`]). Growth the shape calls a leak passes where that
+/// is at most `allowance_bytes` per call; every other verdict is
+/// [`decide`]'s.
+pub(crate) fn rust_heap_decide(series: &Series, window: u32, threshold_bytes: u64, allowance_bytes: u64) -> Verdict {
+    match decide(series, window, threshold_bytes, None) {
+        Verdict::Leak(leak) if within_allowance(series, allowance_bytes) => Verdict::WithinAllowance {
+            retained_bytes: leak.retained_bytes,
+            bytes_per_call: amortised_growth(series),
+            allowance_bytes,
+        },
+        verdict => verdict,
+    }
+}
+
+/// Bytes kept per call of the body: the rise after warm-up over every call
+/// (warm-up and measured). A `Vec` pushed once per call holds at most
+/// twice what it was given, so this is at most twice its element's size,
+/// wherever its doublings fall.
+pub(crate) fn amortised_growth(series: &Series) -> f64 {
+    let calls = series.warmup.len() + series.measured.len();
+    let grown = series.measured.last().copied().unwrap_or(series.baseline()) - series.baseline();
+    grown as f64 / calls.max(1) as f64
+}
+
+/// Whether `series` keeps at most `allowance_bytes` per call, amortised.
+pub(crate) fn within_allowance(series: &Series, allowance_bytes: u64) -> bool {
+    amortised_growth(series) <= allowance_bytes as f64
 }
 
 fn shape_drift(shape: &Shape) -> Option<(u32, i64)> {
@@ -1171,5 +1214,57 @@ mod tests {
         let mut ten = seed_14;
         ten.extend([356, 308]);
         assert_eq!(growth_evidence(false, &[ten]), None);
+    }
+
+    /// The levels of a `Vec` that starts empty and is pushed `element`
+    /// bytes once per call, doubling its capacity from 4 as std's does:
+    /// after setup, after each warm-up call, after each measured call.
+    fn doubling_vec(element: i64, warmup: usize, measured: usize) -> Series {
+        let level = |pushed: usize| if pushed == 0 { 0 } else { element * pushed.next_power_of_two().max(4) as i64 };
+        Series {
+            start: 0,
+            after_setup: 0,
+            warmup: (1..=warmup).map(level).collect(),
+            measured: (warmup + 1..=warmup + measured).map(level).collect(),
+        }
+    }
+
+    #[test]
+    fn a_vec_of_one_f64_per_call_keeps_about_sixteen_bytes_per_call_wherever_its_doublings_fall() {
+        for warmup in 0..40 {
+            for measured in 1..300 {
+                let series = doubling_vec(8, warmup, measured);
+                // Twice its element per call, and its first capacity of four.
+                let bound = 16.0 + 32.0 / (warmup + measured) as f64;
+                assert!(amortised_growth(&series) <= bound, "warm-up {warmup}, measured {measured}");
+                let verdict = rust_heap_decide(&series, 5, 0, 1024);
+                assert!(!verdict.is_failure(), "warm-up {warmup}, measured {measured}: {verdict:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_kept_sample_of_256_kib_per_call_is_a_rust_heap_leak_and_the_allowance_never_passes_it() {
+        let kept = 262_144;
+        let series = Series {
+            start: 0,
+            after_setup: 0,
+            warmup: vec![kept, 2 * kept],
+            measured: (3..=7).map(|i| i * kept).collect(),
+        };
+        assert!(matches!(rust_heap_decide(&series, 5, 0, 1024), Verdict::Leak(_)));
+        // Growth the allowance covers passes, and says so with its rate.
+        let logged = Series { measured: (3..=7).map(|i| i * 100).collect(), warmup: vec![100, 200], ..series };
+        assert_eq!(
+            rust_heap_decide(&logged, 5, 0, 1024),
+            Verdict::WithinAllowance { retained_bytes: 500, bytes_per_call: 500.0 / 7.0, allowance_bytes: 1024 }
+        );
+        assert!(matches!(rust_heap_decide(&logged, 5, 0, 50), Verdict::Leak(_)));
+    }
+
+    #[test]
+    fn the_allowance_changes_only_a_leak_every_other_verdict_is_the_shared_rule() {
+        let flat = Series { start: 0, after_setup: 64, warmup: vec![128, 128], measured: vec![128; 5] };
+        assert_eq!(rust_heap_decide(&flat, 5, 0, 1024), decide(&flat, 5, 0, None));
     }
 }

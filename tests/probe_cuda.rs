@@ -154,7 +154,11 @@ fn a_cpu_test_in_a_process_of_its_own_starts_no_cuda() {
     assert_eq!(report.context.harness_time.cuda_startup, std::time::Duration::ZERO, "{:?}", report.context.harness_time);
     assert_eq!(
         report.devices.iter().map(|d| d.layer).collect::<Vec<_>>(),
-        [gpu_leak_test::report::Layer::Tensors(Device::Cpu), gpu_leak_test::report::Layer::HostObjects]
+        [
+            gpu_leak_test::report::Layer::Tensors(Device::Cpu),
+            gpu_leak_test::report::Layer::HostObjects,
+            gpu_leak_test::report::Layer::RustHeap
+        ]
     );
     assert!(!cuda::is_loaded(), "libtorch's CUDA library was loaded for a test on the CPU");
 }

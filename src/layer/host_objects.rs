@@ -50,6 +50,15 @@ impl Home for HostObjects {
         )
     }
 
+    fn kept_hint(&self, place: &str) -> String {
+        format!(
+            "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
+             you keep across iterations still holds its autograd graph (`total = total + loss` \
+             keeps every step's nodes). Keep plain numbers (`total += loss.double_value(&[])`), or `detach()` \
+             what you keep."
+        )
+    }
+
     fn site_label(&self) -> Option<&'static str> {
         Some("host objects")
     }

@@ -3,11 +3,12 @@
 //! `followed`) and holds what every home provides (`Home`, `Counting`).
 pub(crate) mod host_objects;
 pub(crate) mod outside_libtorch;
+pub(crate) mod rust_heap;
 pub(crate) mod tensors;
 
 use crate::probe::hook::{HookView, Tracker};
 use crate::probe::process::Coverage;
-use crate::verdict::{Leak, Verdict};
+use crate::verdict::{Leak, Series, Verdict};
 use std::fmt;
 use tch::Device;
 
@@ -62,17 +63,27 @@ pub enum Layer {
     /// the CPU (`cudaHostAlloc` outside libtorch's caching host allocator).
     /// Seen through CUPTI's callbacks on the driver's allocation calls.
     OutsideLibtorch(Device),
+    /// The Rust heap: what Rust code allocates through the global allocator
+    /// (a `Vec` of decoded samples, a `Box`, a `String`), counted by
+    /// gpu-leak-test's counting global allocator in process scope.
+    RustHeap,
 }
 
 /// Every layer's home, for reading a layer back from its name.
-const HOMES: [&dyn Home; 3] = [&tensors::Tensors, &host_objects::HostObjects, &outside_libtorch::OutsideLibtorch];
+const HOMES: [&dyn Home; 4] =
+    [&tensors::Tensors, &host_objects::HostObjects, &outside_libtorch::OutsideLibtorch, &rust_heap::RustHeapHome];
 
 /// The layers a test follows: the CPU's tensors and libtorch's host
-/// objects first, then every CUDA device of the machine where CUDA is
-/// loaded (nothing can allocate on CUDA otherwise; see `cuda::is_loaded`),
-/// then, for a CUDA body, what the driver gives code outside libtorch.
-pub(crate) fn followed(body: Device) -> Vec<Layer> {
+/// objects first, then the Rust heap where it is counted (see
+/// `rust_heap::not_counted_because`), then every CUDA device of the
+/// machine where CUDA is loaded (nothing can allocate on CUDA otherwise;
+/// see `cuda::is_loaded`), then, for a CUDA body, what the driver gives
+/// code outside libtorch.
+pub(crate) fn followed(body: Device, scope: crate::scope::ResolvedScope) -> Vec<Layer> {
     let mut layers = vec![Layer::Tensors(Device::Cpu), Layer::HostObjects];
+    if rust_heap::not_counted_because(scope).is_none() {
+        layers.push(Layer::RustHeap);
+    }
     layers.extend((0..crate::probe::cuda::loaded_device_count()).map(|i| Layer::Tensors(Device::Cuda(i))));
     if !layers.contains(&Layer::Tensors(body)) {
         layers.push(Layer::Tensors(body));
@@ -88,6 +99,7 @@ impl Layer {
             Layer::Tensors(device) => (&tensors::Tensors, device),
             Layer::HostObjects => (&host_objects::HostObjects, Device::Cpu),
             Layer::OutsideLibtorch(device) => (&outside_libtorch::OutsideLibtorch, device),
+            Layer::RustHeap => (&rust_heap::RustHeapHome, Device::Cpu),
         }
     }
 
@@ -133,6 +145,12 @@ impl Layer {
         self.home().0.what_grew()
     }
 
+    /// What to do where the blocks allocated at `place` outlive each
+    /// iteration, for the report's hint.
+    pub(crate) fn kept_hint(self, place: &str) -> String {
+        self.home().0.kept_hint(place)
+    }
+
     /// The label beside its allocation sites, where it is not plain tensors.
     pub(crate) fn site_label(self) -> Option<&'static str> {
         self.home().0.site_label()
@@ -156,6 +174,16 @@ impl Layer {
         home.count(device, process_scope, coverage)
     }
 
+    /// Its verdict on the measured window.
+    pub(crate) fn decide(self, series: &Series, window: u32, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
+        self.home().0.decide(series, window, threshold_bytes, peak)
+    }
+
+    /// Whether its series could still be judged a leak.
+    pub(crate) fn may_leak(self, series: &Series) -> bool {
+        self.home().0.may_leak(series)
+    }
+
     /// Its verdict on a leak once attribution ran.
     pub(crate) fn after_attribution(self, leak: &Leak, found: &Attributed) -> Verdict {
         self.home().0.after_attribution(leak, found)
@@ -177,6 +205,16 @@ pub(crate) trait Home: Sync {
     fn place(&self, device: Device) -> String;
     /// A sentence on what grew, after a leak's rate.
     fn what_grew(&self) -> Option<&'static str>;
+    /// What to do where the blocks allocated at `place` outlive each
+    /// iteration: by default, tensors kept across iterations.
+    fn kept_hint(&self, place: &str) -> String {
+        format!(
+            "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
+             a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
+             iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
+             must stay."
+        )
+    }
     /// The label beside its allocation sites.
     fn site_label(&self) -> Option<&'static str>;
     /// The device type and index of the shim's events for it.
@@ -185,6 +223,17 @@ pub(crate) trait Home: Sync {
     fn keeps_peak(&self) -> bool;
     /// Its source in this scope, before its canary.
     fn count(&self, device: Device, process_scope: bool, coverage: &Coverage) -> Box<dyn Counting>;
+    /// Its verdict on the measured window (the levels, the threshold over
+    /// the window, and the peak against its budget where one is set): by
+    /// default the rule every layer shares (`verdict::decide`).
+    fn decide(&self, series: &Series, window: u32, threshold_bytes: u64, peak: Option<(i64, u64)>) -> Verdict {
+        crate::verdict::decide(series, window, threshold_bytes, peak)
+    }
+    /// Whether growth in `series` could be judged a leak: where it cannot,
+    /// confirmation asks no more iterations for the layer.
+    fn may_leak(&self, _series: &Series) -> bool {
+        true
+    }
     /// Its verdict on a leak once attribution ran: by default the rule
     /// every layer shares (`verdict::after_attribution`).
     fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict {
@@ -347,6 +396,7 @@ mod tests {
             Layer::HostObjects,
             Layer::OutsideLibtorch(Device::Cuda(1)),
             Layer::OutsideLibtorch(Device::Cpu),
+            Layer::RustHeap,
         ] {
             assert_eq!(Layer::from_name(&layer.name()), Some(layer));
         }

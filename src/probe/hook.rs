@@ -31,7 +31,8 @@ use tch::Device;
 /// libtorch's CUDA allocator asked the driver for (cuda:0..), which counts
 /// tensors where the allocator reports nothing else (see layer/tensors.rs), then
 /// the pinned host memory libtorch's caching host allocator asks the driver
-/// for (CPU tensors).
+/// for (CPU tensors), then the Rust heap, fed only while attribution
+/// records its sites.
 const MAX_CUDA_DEVICES: usize = 16;
 const OTHER_SLOT: usize = MAX_CUDA_DEVICES + 1;
 const HOST_OBJECTS_SLOT: usize = MAX_CUDA_DEVICES + 2;
@@ -39,7 +40,8 @@ const OUTSIDE_PINNED_SLOT: usize = MAX_CUDA_DEVICES + 3;
 const OUTSIDE_CUDA_SLOTS: usize = MAX_CUDA_DEVICES + 4;
 const ALLOCATOR_CALLS_SLOTS: usize = OUTSIDE_CUDA_SLOTS + MAX_CUDA_DEVICES;
 const PINNED_SLOT: usize = ALLOCATOR_CALLS_SLOTS + MAX_CUDA_DEVICES;
-const SLOTS: usize = PINNED_SLOT + 1;
+const RUST_HEAP_SLOT: usize = PINNED_SLOT + 1;
+const SLOTS: usize = RUST_HEAP_SLOT + 1;
 // libtorch's c10::DeviceType values, and the shim's own kinds for the C++
 // heap and the driver's allocations: one definition with the shim's header.
 include!("../../build_support/event_kinds.rs");
@@ -55,6 +57,7 @@ fn slot_of_raw(device_type: i32, device_index: i32) -> usize {
         (DEVICE_TYPE_CPU, _) => 0,
         (DEVICE_TYPE_HOST_OBJECTS, _) => HOST_OBJECTS_SLOT,
         (DEVICE_TYPE_PINNED_BY_LIBTORCH, _) => PINNED_SLOT,
+        (DEVICE_TYPE_RUST_HEAP, _) => RUST_HEAP_SLOT,
         (DEVICE_TYPE_OUTSIDE_LIBTORCH, _) if device_index < 0 => OUTSIDE_PINNED_SLOT,
         (DEVICE_TYPE_OUTSIDE_LIBTORCH, Some(index)) => OUTSIDE_CUDA_SLOTS + index,
         (DEVICE_TYPE_CUDA_ALLOCATOR_CALLS, Some(index)) => ALLOCATOR_CALLS_SLOTS + index,
@@ -85,6 +88,7 @@ fn layer_of_slot(slot: usize) -> Layer {
     match slot {
         0 | PINNED_SLOT => Layer::Tensors(Device::Cpu),
         HOST_OBJECTS_SLOT => Layer::HostObjects,
+        RUST_HEAP_SLOT => Layer::RustHeap,
         OUTSIDE_PINNED_SLOT => Layer::OutsideLibtorch(Device::Cpu),
         OTHER_SLOT => Layer::Tensors(Device::Mps),
         n if n < OTHER_SLOT => Layer::Tensors(Device::Cuda(n - 1)),
@@ -414,6 +418,8 @@ extern "C" fn on_event(context: *mut c_void, ptr: *mut c_void, size: i64, device
     // SAFETY: `context` is the Arc<TrackerState> handed to glt_hook_push, kept
     // alive until on_release.
     let state = unsafe { &*(context as *const TrackerState) };
+    // The tracker's books are the harness's, not the Rust heap's growth.
+    let _harness = crate::layer::rust_heap::harness();
     // Unwinding into libtorch would abort the process; drop the event instead.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         state.on_event(ptr as usize, size, device_type, device_index)
@@ -423,6 +429,7 @@ extern "C" fn on_event(context: *mut c_void, ptr: *mut c_void, size: i64, device
 extern "C" fn on_oom(context: *mut c_void, size: i64, device_type: i32, device_index: i32) {
     // SAFETY: as in on_event.
     let state = unsafe { &*(context as *const TrackerState) };
+    let _harness = crate::layer::rust_heap::harness();
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut last = lock(&state.last_oom);
         last.0 += 1;
@@ -433,6 +440,7 @@ extern "C" fn on_oom(context: *mut c_void, size: i64, device_type: i32, device_i
 extern "C" fn on_release(context: *mut c_void) {
     // SAFETY: balances the Arc::into_raw in Tracker::enter; libtorch calls
     // this exactly once per push.
+    let _harness = crate::layer::rust_heap::harness();
     drop(unsafe { Arc::from_raw(context as *const TrackerState) });
 }
 
@@ -693,10 +701,10 @@ impl Tracker {
         // process observation's, which is never entered), and they came
         // here only to be recorded: their frees stop coming with the
         // recording, and left here they would be phantoms in
-        // `live_by_thread`.
+        // `live_by_thread`. The Rust heap's blocks come only to be recorded.
         let counts_itself = self.state.host_objects_tag.get() == Some(&0);
         let mut counts = lock(&self.state.counts);
-        counts.blocks.retain(|_, b| counts_itself || b.slot != HOST_OBJECTS_SLOT);
+        counts.blocks.retain(|_, b| (counts_itself || b.slot != HOST_OBJECTS_SLOT) && b.slot != RUST_HEAP_SLOT);
         counts.blocks.values_mut().for_each(|b| b.recorded = None);
     }
 
@@ -789,6 +797,7 @@ mod tests {
             ((DEVICE_TYPE_HOST_OBJECTS, -1), Layer::HostObjects),
             ((DEVICE_TYPE_OUTSIDE_LIBTORCH, 2), Layer::OutsideLibtorch(Device::Cuda(2))),
             ((DEVICE_TYPE_OUTSIDE_LIBTORCH, -1), Layer::OutsideLibtorch(Device::Cpu)),
+            ((DEVICE_TYPE_RUST_HEAP, -1), Layer::RustHeap),
         ];
         for ((device_type, index), layer) in cases {
             let slot = slot_of_raw(device_type, index);

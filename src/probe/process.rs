@@ -32,9 +32,26 @@ extern "C" fn on_process_event(ptr: *mut c_void, size: i64, device_type: i32, de
     // SAFETY: a tracker state, once published here, is never freed (see
     // `close`), so the pointer stays valid even after it is unset.
     let state = unsafe { &*target };
+    let _harness = crate::layer::rust_heap::harness();
     // Unwinding into libtorch would abort the process; drop the event instead.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         state.on_event(ptr as usize, size, device_type, device_index)
+    }));
+}
+
+/// Feeds one of the Rust heap's events to the observation's tracker, to be
+/// kept with its stack while attribution records the Rust heap's sites:
+/// `size` is negative for a free. Called from the counting allocator, on
+/// the allocating thread, in harness mode.
+pub(crate) fn feed_rust_heap(address: usize, size: i64) {
+    let target = SINK_TARGET.load(Ordering::Acquire);
+    if target.is_null() {
+        return;
+    }
+    // SAFETY: as in on_process_event.
+    let state = unsafe { &*target };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.on_event(address, size, super::hook::DEVICE_TYPE_RUST_HEAP, -1)
     }));
 }
 

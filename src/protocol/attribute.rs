@@ -27,43 +27,58 @@ fn sites_root(exec: &Executor<'_>) -> std::path::PathBuf {
     test.build_folder.clone().or_else(|| test.crate_folder.clone()).unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
 }
 
+/// Which layers that are counted without the tracker get stacks in a
+/// pass: each only where it is attributed, as a training step makes ten
+/// times more of their blocks than tensors.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Recorded {
+    pub(super) host_objects: bool,
+    pub(super) rust_heap: bool,
+}
+
 /// Runs `count` attribution iterations with stack capture on and groups
-/// the allocations that survive them; libtorch's host objects get stacks
-/// only where `host_objects`. `Err` is how the body failed there.
+/// the allocations that survive them; libtorch's host objects and the Rust
+/// heap get stacks only where `recorded` says. `Err` is how the body
+/// failed there.
 /// Attribution's samples count as attribution's time, not as sampling.
 pub(super) fn survivors(
     exec: &mut Executor<'_>,
     iteration: &mut Iteration<'_>,
     count: u32,
-    host_objects: bool,
+    recorded: Recorded,
 ) -> Result<Found, Verdict> {
     let (started, sampling_before) = (Instant::now(), exec.time.sampling);
-    let found = record_survivors(exec, iteration, count, host_objects);
+    let found = record_survivors(exec, iteration, count, recorded);
     exec.time.attribution += started.elapsed();
     exec.time.sampling = sampling_before;
     found
 }
 
-fn record_survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, count: u32, host_objects: bool) -> Result<Found, Verdict> {
+fn record_survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, count: u32, recorded: Recorded) -> Result<Found, Verdict> {
     let tracker = exec.probes.tracker.clone();
     tracker.clear_recorded();
     let watching = crate::refs::Watching::start();
-    // In process scope the C++ heap reaches the tracker only to be recorded.
-    let feed = host_objects && exec.probes.counted.iter().any(|c| c.feeds_sites_on_request());
+    // In process scope the C++ heap reaches the tracker only to be
+    // recorded, and the Rust heap always does.
+    let feed = recorded.host_objects && exec.probes.counted.iter().any(|c| c.feeds_sites_on_request());
+    let stop = |tracker: &crate::probe::Tracker| {
+        tracker.stop_recording();
+        crate::probe::process::record_host_object_sites(false);
+        crate::layer::rust_heap::record_sites(false);
+    };
     crate::probe::process::record_host_object_sites(feed);
-    tracker.start_recording_layers(1, host_objects);
+    crate::layer::rust_heap::record_sites(recorded.rust_heap);
+    tracker.start_recording_layers(1, recorded.host_objects);
     let mut by_stack_each_iteration = Vec::new();
     for i in 1..=count {
         tracker.set_tag(i);
         if let Err(stopped) = exec.iterate(Phase::Attribution, i, iteration) {
-            tracker.stop_recording();
-            crate::probe::process::record_host_object_sites(false);
+            stop(&tracker);
             return Err(stopped);
         }
         by_stack_each_iteration.push(tracker.recorded_bytes_by_stack());
     }
-    tracker.stop_recording();
-    crate::probe::process::record_host_object_sites(false);
+    stop(&tracker);
     let survivors = tracker.recorded_survivors();
     tracker.clear_recorded();
     let attribution = attribution::attribute(&survivors, count, &sites_root(exec));

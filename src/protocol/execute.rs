@@ -72,7 +72,9 @@ impl<'a> Executor<'a> {
     ) -> std::result::Result<T, Verdict> {
         let ooms_before = self.probes.tracker.out_of_memory().0;
         let started = Instant::now();
-        let outcome = crate::probe::stacks::stop_walks_here(|| catch_unwind(AssertUnwindSafe(f)));
+        // The body's Rust allocations are the test's; the harness's around
+        // them are not (see layer::rust_heap).
+        let outcome = crate::layer::rust_heap::as_test(|| crate::probe::stacks::stop_walks_here(|| catch_unwind(AssertUnwindSafe(f))));
         if phase != Phase::Attribution {
             self.time.body += started.elapsed();
         }

@@ -81,7 +81,9 @@ impl Judge {
         let asks: Vec<Confirmation> = self
             .judged()
             .into_iter()
-            .map(|d| verdict::confirmation(&samples.series(d), self.window, self.threshold_bytes))
+            .map(|d| (d, samples.series(d)))
+            .filter(|(d, series)| self.layers[*d].may_leak(series))
+            .map(|(_, series)| verdict::confirmation(&series, self.window, self.threshold_bytes))
             .collect();
         asks.contains(&Confirmation::CertainLeak) || !asks.contains(&Confirmation::NeedsMore)
     }
@@ -93,7 +95,7 @@ impl Judge {
         self.verdicts = (0..self.layers.len())
             .map(|d| {
                 let peak = peak.filter(|_| d == self.body);
-                verdict::decide(&samples.series(d), self.window, self.threshold_bytes, peak)
+                self.layers[d].decide(&samples.series(d), self.window, self.threshold_bytes, peak)
             })
             .collect();
     }
@@ -139,6 +141,11 @@ impl Judge {
 
     fn host_objects(&self) -> Option<usize> {
         self.layers.iter().position(|&l| l == Layer::HostObjects)
+    }
+
+    /// Whether `layer` is followed, judged and a leak.
+    pub(super) fn leaks(&self, layer: Layer) -> bool {
+        self.layers.iter().position(|&l| l == layer).is_some_and(|d| self.judged().contains(&d) && self.leak(d).is_some())
     }
 
     /// Whether libtorch's host objects are a leak.

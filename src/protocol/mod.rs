@@ -100,6 +100,9 @@ where
     I: FnMut() -> std::result::Result<(), String>,
 {
     let mut parts = PrewarmParts { settings: started.elapsed(), ..PrewarmParts::default() };
+    // Everything the harness allocates on this thread from here on is its
+    // own, not the Rust heap's growth; the body's calls are the test's.
+    let _harness = crate::layer::rust_heap::harness();
     let scope = settings.scope.resolve(Runner::detect());
     // Lock order: scope, then device, for every leak test.
     let locking = Instant::now();
@@ -222,8 +225,22 @@ where
 {
     let device = exec.probes.device;
     exec.probes.reset_peaks();
-    let mut iteration = exec.call(Phase::Setup, 0, || setup(device))?;
-    let iteration: &mut Iteration<'_> = &mut iteration;
+    let mut owned = exec.call(Phase::Setup, 0, || setup(device))?;
+    let judged = judge_run(exec, judge, findings, records_per_tensor, &mut owned);
+    // What the body keeps is freed as the test's, as it was allocated.
+    crate::layer::rust_heap::as_test(|| drop(owned));
+    judged
+}
+
+/// The measured window, confirmation, the baseline and attribution, over
+/// the iteration setup returned.
+fn judge_run(
+    exec: &mut Executor<'_>,
+    judge: &mut Judge,
+    findings: &mut Findings,
+    records_per_tensor: i64,
+    iteration: &mut Iteration<'_>,
+) -> std::result::Result<(), Verdict> {
     exec.sample(Phase::Setup, 0);
     exec.run_window(iteration, judge)?;
     exec.samples.after = Some(exec.snapshot_now());
@@ -285,7 +302,8 @@ fn attribute_and_judge(
 ) {
     let (tensors_leak, host_objects_leak) = (judge.a_tensor_layer_leaks(), judge.host_objects_leak());
     let (window_verdicts, samples, notes) = (judge.verdicts.clone(), exec.samples.len(), exec.notes.len());
-    let pass = Pass { records_per_tensor, count, host_objects: host_objects_leak && !tensors_leak };
+    let rust_heap = judge.leaks(crate::layer::Layer::RustHeap);
+    let pass = Pass { records_per_tensor, count, host_objects: host_objects_leak && !tensors_leak, rust_heap };
     attribute_once(exec, judge, findings, iteration, pass);
     if tensors_leak && judge.host_objects_leak() && findings.attribution_failure.is_none() {
         judge.verdicts = window_verdicts;
@@ -302,12 +320,15 @@ struct Pass {
     records_per_tensor: i64,
     count: u32,
     host_objects: bool,
+    /// Whether the Rust heap's blocks get stacks: only where it leaks.
+    rust_heap: bool,
 }
 
 /// Where the body fails during attribution, the leak found before stands,
 /// and the report says where attribution stopped.
 fn attribute_once(exec: &mut Executor<'_>, judge: &mut Judge, findings: &mut Findings, iteration: &mut Iteration<'_>, pass: Pass) {
-    let mut found = match attribute::survivors(exec, iteration, pass.count, pass.host_objects) {
+    let recorded = attribute::Recorded { host_objects: pass.host_objects, rust_heap: pass.rust_heap };
+    let mut found = match attribute::survivors(exec, iteration, pass.count, recorded) {
         Ok(found) => found,
         Err(stopped) => {
             exec.notes.push(attribute::stopped_note(&stopped));

@@ -28,7 +28,7 @@ pub(super) struct Probes {
 impl Probes {
     /// Chooses each followed layer's source for this scope.
     pub(super) fn wire(device: Device, scope: ResolvedScope, tracker: Tracker, global: Option<Tracker>, coverage: Coverage) -> Probes {
-        let layers = crate::layer::followed(device);
+        let layers = crate::layer::followed(device, scope);
         let counted: Vec<Box<dyn Counting>> = layers.iter().map(|l| l.count(scope.is_process(), &coverage)).collect();
         let body = layers.iter().position(|&l| l == Layer::Tensors(device)).expect("the body's device is followed");
         Probes { device, scope, tracker, global, counted, body, coverage }
@@ -132,6 +132,9 @@ impl Probes {
         let mut notes = Vec::new();
         if self.device.is_cuda() && self.index_of(Layer::OutsideLibtorch(self.device)).is_none() {
             notes.push(Note::OutsideLibtorchNotJudged);
+        }
+        if let Some(reason) = crate::layer::rust_heap::not_counted_because(self.scope) {
+            notes.push(Note::RustHeapNotCounted { reason });
         }
         if let ResolvedScope::Process { alongside_other_tests: true } = self.scope {
             notes.push(Note::ProcessScopeBesideOtherTests);

@@ -1,6 +1,7 @@
 //! Advice for the patterns people meet most, in the report's words. The
 //! protocol decides; this file only says what a verdict usually means and
 //! what to do.
+use crate::layer::Layer;
 use super::Report;
 use crate::verdict::{RetainedDuring, Verdict};
 
@@ -52,22 +53,8 @@ fn leak_hints(report: &Report) -> Vec<String> {
                 .into(),
         );
     }
-    if let (Some(top), crate::layer::Layer::HostObjects) = (sites.first(), report.verdict_layer) {
-        let place = top.location.as_deref().unwrap_or("the site above");
-        hints.push(format!(
-            "libtorch's C++ objects allocated at {place} outlive each iteration: a tensor \
-             you keep across iterations still holds its autograd graph (`total = total + loss` \
-             keeps every step's nodes). Keep plain numbers (`total += loss.double_value(&[])`), or `detach()` \
-             what you keep."
-        ));
-    } else if let Some(top) = sites.first() {
-        let place = top.location.as_deref().unwrap_or("the site above");
-        hints.push(format!(
-            "the tensors allocated at {place} outlive each iteration: something kept across iterations (a Vec, \
-             a static, state captured by the closure, a leaked Box) holds them. Drop them at the end of the \
-             iteration, keep plain numbers instead, or keep them under `tch::no_grad` / `detach()` if they \
-             must stay."
-        ));
+    if let Some(top) = sites.first() {
+        hints.push(report.verdict_layer.kept_hint(top.location.as_deref().unwrap_or("the site above")));
     }
     hints
 }
@@ -102,7 +89,10 @@ fn observation_hints(report: &Report) -> Vec<String> {
             if thread.live_blocks == 1 { "" } else { "s" }
         ));
     }
-    if let Some(rate) = report.figures.host_heap_growth_per_iteration {
+    // Where both of the host heap's layers are judged (libtorch's objects
+    // and the Rust heap), the view adds nothing to their verdicts.
+    let host_layers_judged = [Layer::HostObjects, Layer::RustHeap].iter().all(|&l| report.devices.iter().any(|d| d.layer == l));
+    if let Some(rate) = report.figures.host_heap_growth_per_iteration.filter(|_| !host_layers_judged) {
         hints.push(format!(
             "tensor bytes stayed flat, but the host heap grew {} per iteration: something on the host piles up. \
              Usual causes: a tensor kept with its autograd graph (`total = total + loss` keeps every step's graph \

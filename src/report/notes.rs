@@ -15,6 +15,8 @@ pub(crate) enum Note {
     ProcessScopeBesideOtherTests,
     /// The counting CPU allocator could not be installed.
     CpuAllocatorNotCounted,
+    /// The Rust heap was not followed: why, and what to do.
+    RustHeapNotCounted { reason: String },
     /// How a layer was counted, where that limits what it can name.
     Coverage(String),
     /// Confirmation stopped early: one more iteration could run the machine
@@ -50,6 +52,7 @@ impl fmt::Display for Note {
             Note::CpuAllocatorNotCounted => {
                 f.write_str("the counting CPU allocator could not be installed: host memory was not counted")
             }
+            Note::RustHeapNotCounted { reason } => write!(f, "Rust heap: not counted, because {reason}"),
             Note::Coverage(text) => f.write_str(text),
             Note::ConfirmationStopped { after, layer, grew, free } => write!(
                 f,

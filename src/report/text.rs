@@ -21,6 +21,7 @@ fn headline(report: &Report) -> String {
         Verdict::OneTimeRetention { .. } => "passed with one-time retention".to_string(),
         Verdict::Plateau { .. } => "passed: plateau, not a leak".to_string(),
         Verdict::WithinThreshold { .. } => "passed: growth within the threshold".to_string(),
+        Verdict::WithinAllowance { .. } => "passed: Rust-heap growth within its allowance".to_string(),
         Verdict::Leak(_) => "LEAK".to_string(),
         Verdict::Bounded { .. } => "passed: bounded, not a leak".to_string(),
         Verdict::Suppressed { .. } => "passed with a suppressed leak".to_string(),
@@ -67,6 +68,11 @@ pub(crate) fn passing_line(report: &Report) -> String {
             bytes((*retained_bytes).max(0) as u64),
             per_iteration_bytes(*bytes_per_iteration),
             bytes(report.settings.threshold_bytes)
+        ),
+        Verdict::WithinAllowance { bytes_per_call, allowance_bytes, .. } => format!(
+            "passed: the Rust heap kept {} per call, amortised, within its allowance of {}",
+            per_iteration_bytes(*bytes_per_call),
+            bytes(*allowance_bytes)
         ),
         Verdict::Bounded { period: Some(p), .. } => {
             format!("passed: bounded, a sawtooth that returns to the same trough every {p} iterations")
@@ -142,6 +148,7 @@ fn verdict_lines(report: &Report, out: &mut String) {
         }
         Verdict::Plateau { .. }
         | Verdict::WithinThreshold { .. }
+        | Verdict::WithinAllowance { .. }
         | Verdict::Bounded { .. }
         | Verdict::Suppressed { .. } => passing_growth_lines(report, out),
         Verdict::PeakOverBudget { .. } | Verdict::PeakOverBaseline { .. } | Verdict::NoBaseline { .. } => {
@@ -194,6 +201,16 @@ fn passing_growth_lines(report: &Report, out: &mut String) {
                 bytes((*retained_bytes).max(0) as u64),
                 per_iteration_bytes(*bytes_per_iteration),
                 bytes(s.threshold_bytes)
+            );
+        }
+        Verdict::WithinAllowance { retained_bytes, bytes_per_call, allowance_bytes } => {
+            let _ = writeln!(
+                out,
+                "  The Rust heap grew {}, which is {} per call of the body amortised over the run: at or under its \
+                 allowance of {} per call, what a log of numbers or a Vec doubling its capacity keeps.",
+                bytes((*retained_bytes).max(0) as u64),
+                per_iteration_bytes(*bytes_per_call),
+                bytes(*allowance_bytes)
             );
         }
         Verdict::Bounded { retained_bytes, period } => {

@@ -1,0 +1,159 @@
+//! The Rust heap is a judged layer: a data pipeline that keeps each decoded
+//! sample on the Rust heap fails, naming the line that allocates it, under
+//! every runner; what a loop rightly keeps (a log of one `f64` per step, a
+//! bounded cache, metrics updated in place, a formatted line) passes with
+//! the default settings. The shapes are `#[ignore]`d: the leak fails on
+//! purpose, and only the runs below start them.
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+mod shapes {
+    use gpu_leak_test::gpu_leak_test;
+    use std::collections::{HashMap, VecDeque};
+    use tch::{Device, Kind, Tensor};
+
+    /// A decoded sample: 256 KiB of `f32`, as a data loader hands it over.
+    fn decode(step: usize) -> Vec<f32> {
+        (0..65_536).map(|i| ((i + step) % 251) as f32).collect() // site: decode
+    }
+
+    fn train_on(sample: &[f32], device: Device) -> f64 {
+        Tensor::from_slice(sample).to_device(device).mean(Kind::Float).double_value(&[])
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "fails on purpose; run by each_runner_judges_the_rust_heap_alike"]
+    fn keeps_every_decoded_sample(device: Device) -> impl FnMut() {
+        let mut cache: Vec<Vec<f32>> = Vec::new();
+        let mut step = 0;
+        move || {
+            step += 1;
+            let sample = decode(step);
+            std::hint::black_box(train_on(&sample, device));
+            cache.push(sample);
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by each_runner_judges_the_rust_heap_alike"]
+    fn keeps_the_latest_eight_samples(device: Device) -> impl FnMut() {
+        let mut cache: VecDeque<Vec<f32>> = VecDeque::with_capacity(8);
+        let mut step = 0;
+        move || {
+            step += 1;
+            let sample = decode(step);
+            std::hint::black_box(train_on(&sample, device));
+            if cache.len() == 8 {
+                cache.pop_front();
+            }
+            cache.push_back(sample);
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by each_runner_judges_the_rust_heap_alike"]
+    fn logs_one_f64_per_step(device: Device) -> impl FnMut() {
+        let weight = Tensor::ones([64, 64], (Kind::Float, device)).set_requires_grad(true);
+        let mut losses: Vec<f64> = Vec::new();
+        move || {
+            let loss = Tensor::randn([8, 64], (Kind::Float, device)).matmul(&weight).square().mean(Kind::Float);
+            loss.backward();
+            losses.push(loss.double_value(&[]));
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by each_runner_judges_the_rust_heap_alike"]
+    fn updates_metrics_in_place(device: Device) -> impl FnMut() {
+        let mut metrics: HashMap<String, f64> = HashMap::new();
+        let mut step = 0u64;
+        move || {
+            step += 1;
+            let x = Tensor::randn([256], (Kind::Float, device));
+            *metrics.entry("mean".to_string()).or_default() = x.mean(Kind::Float).double_value(&[]);
+            *metrics.entry("max".to_string()).or_default() = x.max().double_value(&[]);
+            *metrics.entry(format!("step_{}", step % 4)).or_default() += 1.0;
+        }
+    }
+
+    #[gpu_leak_test(device = "auto")]
+    #[ignore = "run by each_runner_judges_the_rust_heap_alike"]
+    fn prints_a_formatted_line_per_step(device: Device) -> impl FnMut() {
+        let mut step = 0u64;
+        move || {
+            step += 1;
+            let loss = Tensor::randn([16], (Kind::Float, device)).square().mean(Kind::Float).double_value(&[]);
+            println!("{}", format!("step {step:>5}: loss {loss:.4}"));
+        }
+    }
+}
+
+/// What each shape must get: a leak naming its site's line, or a pass.
+const EXPECTED: &[(&str, Option<&str>)] = &[
+    ("keeps_every_decoded_sample", Some("decode")),
+    ("keeps_the_latest_eight_samples", None),
+    ("logs_one_f64_per_step", None),
+    ("updates_metrics_in_place", None),
+    ("prints_a_formatted_line_per_step", None),
+];
+
+/// The test binary run with `args`, as a runner outside nextest runs it,
+/// or as nextest does (a process per test).
+fn run_binary(args: &[&str], nextest: bool) -> String {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(args).env_remove("NEXTEST").env_remove("NEXTEST_EXECUTION_MODE").env_remove("RUST_TEST_THREADS");
+    if nextest {
+        command.env("NEXTEST", "1").env("NEXTEST_EXECUTION_MODE", "process-per-test");
+    }
+    let output = command.output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// Each shape's outcome: the first line of its report where it failed,
+/// else "passed".
+fn outcomes(output: &str) -> BTreeMap<&'static str, String> {
+    EXPECTED
+        .iter()
+        .map(|&(name, _)| {
+            let first = output.lines().find(|line| line.contains(&format!(" in `shapes::{name}`"))).map(str::to_string);
+            let ran = output.lines().any(|line| line.starts_with(&format!("test shapes::{name} ... ")));
+            let listed_as_failed = output.lines().any(|line| line == format!("    shapes::{name}"));
+            let passed = ran && !listed_as_failed;
+            (name, first.unwrap_or_else(|| if passed { "passed".into() } else { format!("neither passed nor failed:\n{output}") }))
+        })
+        .collect()
+}
+
+#[test]
+fn each_runner_judges_the_rust_heap_alike() {
+    let source = std::fs::read_to_string(common::manifest_dir().join("tests/rust_heap.rs")).unwrap();
+    let line_of = |mark: &str| {
+        let needle = format!("// site: {mark}");
+        source.lines().position(|line| line.trim_end().ends_with(&needle)).map(|i| i + 1).unwrap()
+    };
+    let parallel = run_binary(&["shapes::", "--ignored"], false);
+    let one_thread = run_binary(&["shapes::", "--ignored", "--test-threads=1"], false);
+    let mut per_process = String::new();
+    for &(name, _) in EXPECTED {
+        per_process += &run_binary(&[&format!("shapes::{name}"), "--exact", "--ignored"], true);
+    }
+    let first = outcomes(&parallel);
+    for &(name, expected) in EXPECTED {
+        let outcome = &first[name];
+        match expected {
+            Some(mark) => {
+                assert!(outcome.contains("LEAK in") && outcome.contains("(the Rust heap)"), "{name}: {outcome}\n{parallel}");
+                let report = parallel.split(&format!("LEAK in `shapes::{name}`")).nth(1).unwrap();
+                let site = format!("tests/rust_heap.rs:{}", line_of(mark));
+                assert!(report.contains(&site), "{name}: the report does not name {site}:\n{report}");
+                assert!(report.contains("What grew is the Rust heap"), "{report}");
+            }
+            None => assert_eq!(outcome, "passed", "{name} under cargo test:\n{parallel}"),
+        }
+    }
+    for (runner, output) in [("--test-threads=1", &one_thread), ("nextest's way", &per_process)] {
+        assert_eq!(outcomes(output), first, "{runner} gives other verdicts than cargo test's threads:\n{output}");
+    }
+}
