@@ -187,9 +187,12 @@ enum Variant {
     /// Attribution as it was before host objects got stacks only where
     /// they are attributed: a stack for every C++ heap block too.
     AttributionWithHostObjects,
+    /// Process scope without the Rust heap's count (the counting global
+    /// allocator only hands calls on): what that layer costs.
+    ProcessWithoutRustHeap,
 }
 
-const VARIANTS: [Variant; 8] = [
+const VARIANTS: [Variant; 9] = [
     Variant::Plain,
     Variant::Counting,
     Variant::Process,
@@ -198,6 +201,7 @@ const VARIANTS: [Variant; 8] = [
     Variant::ProcessTensorsOnly,
     Variant::ProcessWithoutDriverCalls,
     Variant::AttributionWithHostObjects,
+    Variant::ProcessWithoutRustHeap,
 ];
 
 /// Runs `f` under `variant`, as a leak test would run its body: the sources
@@ -205,8 +209,14 @@ const VARIANTS: [Variant; 8] = [
 fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     let tensors_only = matches!(variant, Variant::CountingTensorsOnly | Variant::ProcessTensorsOnly);
     gpu_leak_test::internals::switches::switch_off_host_objects(tensors_only);
+    // The counting global allocator counts every Rust allocation of the
+    // process, in a leak test or not: plain is the step without it.
+    gpu_leak_test::internals::switches::switch_off_rust_heap(matches!(variant, Variant::Plain | Variant::ProcessWithoutRustHeap));
     gpu_leak_test::internals::probe::driver::force((variant == Variant::ProcessWithoutDriverCalls).then_some(false));
-    let observation = matches!(variant, Variant::Process | Variant::ProcessTensorsOnly | Variant::ProcessWithoutDriverCalls)
+    let observation = matches!(
+        variant,
+        Variant::Process | Variant::ProcessTensorsOnly | Variant::ProcessWithoutDriverCalls | Variant::ProcessWithoutRustHeap
+    )
         .then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
     let hook =
@@ -224,6 +234,7 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     drop(hook);
     drop(observation);
     gpu_leak_test::internals::switches::switch_off_host_objects(false);
+    gpu_leak_test::internals::switches::switch_off_rust_heap(false);
     gpu_leak_test::internals::probe::driver::force(None);
     value
 }
@@ -333,7 +344,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     println!(
         "| variant | ratio to plain: median | median's 95% interval | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- | --- |"
     );
-    println!("| plain (no hook) | 1.000 | | | | |");
+    println!("| plain (no hook, the Rust heap's count off) | 1.000 | | | | |");
     let names = [
         "passing leak test, thread scope (hook, counting, all layers)",
         "passing leak test, process scope (every thread, counting, all layers)",
@@ -342,6 +353,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
         "process scope without libtorch's host objects",
         "process scope without the CUDA driver's calls (CUPTI)",
         "attribution with a stack for every C++ heap block too (as before)",
+        "process scope without the Rust heap",
     ];
     for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (low, high) = median_interval(r);
@@ -419,6 +431,7 @@ fn event_costs(device: Device, scale: &Scale) {
         "process scope without libtorch's host objects",
         "process scope without the CUDA driver's calls (CUPTI)",
         "attribution with a stack for every C++ heap block too (as before)",
+        "process scope without the Rust heap",
     ];
     for (name, ns) in names.into_iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);

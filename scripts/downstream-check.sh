@@ -53,3 +53,12 @@ elsewhere=$work/elsewhere
 mkdir "$elsewhere"
 cp -r Cargo.toml src tests .cargo memory-baselines "$elsewhere/"
 (cd "$elsewhere" && "${clean_env[@]}" cargo nextest run --archive-file "$crate/target/leaks.tar.zst" --workspace-remap .)
+# A crate with its own #[global_allocator] (examples/downstream/allocators):
+# default features off, then the documented line, and no line at all.
+sed -i 's|^gpu-leak-test = { path = "\(.*\)" }$|gpu-leak-test = { path = "\1", default-features = false }|' Cargo.toml
+grep -q 'default-features = false' Cargo.toml || { echo "downstream-check: could not turn default features off" >&2; exit 1; }
+cp "$example"/allocators/*.rs tests/
+rm -rf target/gpu-leak-test
+"${clean_env[@]}" cargo test -q --test wrapped_allocator --test plain_allocator
+grep -l 'Rust heap: not counted, because gpu-leak-test' target/gpu-leak-test/a_loop_that_logs_one_f64_per_step_passes.*.json >/dev/null ||
+    { echo "downstream-check: the unwrapped allocator's report does not say the Rust heap was not counted" >&2; exit 1; }

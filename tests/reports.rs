@@ -215,6 +215,10 @@ fn json_report_round_trips_with_its_schema_version() {
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut paths = std::collections::BTreeSet::new();
     key_paths(&value, "", &mut paths);
+    // Other layers' verdicts have their variants' fields (documented with
+    // `verdict`), and which layers are judged depends on the runner: the
+    // Rust heap is followed only where the test has the process alone.
+    paths.retain(|p| !p.starts_with("devices[].verdict.") || p == "devices[].verdict.kind");
     let shape: String = paths.iter().map(|p| format!("{p}\n")).collect();
     let snapshot = common::manifest_dir().join("docs/report-schema.keys");
     if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
