@@ -109,9 +109,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for RustHeap<A> {
     }
 }
 
-/// Per-thread shards of the count, so that threads rarely share a cache
-/// line: each thread adds to the shard it was given.
+/// Per-thread shards of the count. The first threads each get one of
+/// their own, which only they write, so a count is a plain load and store
+/// (no locked instruction); threads beyond them share the last one, with
+/// atomic additions.
 const SHARDS: usize = 64;
+const SHARED: usize = SHARDS - 1;
 
 #[repr(align(128))]
 struct Shard {
@@ -142,16 +145,23 @@ fn count(ptr: *mut u8, bytes: i64) {
     if SWITCHED_OFF.load(Relaxed) || HARNESS_MODE.try_with(Cell::get).unwrap_or(true) {
         return;
     }
-    let shard = SHARD
+    let index = SHARD
         .try_with(|shard| {
             if shard.get() == usize::MAX {
-                shard.set(NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS);
+                shard.set(NEXT_SHARD.fetch_add(1, Relaxed).min(SHARED));
             }
             shard.get()
         })
-        .unwrap_or(SHARDS - 1);
-    COUNT[shard].bytes.fetch_add(bytes, Relaxed);
-    COUNT[shard].events.fetch_add(1, Relaxed);
+        .unwrap_or(SHARED);
+    let shard = &COUNT[index];
+    if index == SHARED {
+        shard.bytes.fetch_add(bytes, Relaxed);
+        shard.events.fetch_add(1, Relaxed);
+    } else {
+        // This thread is the shard's only writer.
+        shard.bytes.store(shard.bytes.load(Relaxed) + bytes, Relaxed);
+        shard.events.store(shard.events.load(Relaxed) + 1, Relaxed);
+    }
     if !IN_USE.load(Relaxed) {
         IN_USE.store(true, Relaxed);
     }
