@@ -12,6 +12,7 @@ use std::process::Command;
 mod shapes {
     use gpu_leak_test::gpu_leak_test;
     use std::collections::{HashMap, VecDeque};
+    use tch::nn::{self, Module, OptimizerConfig};
     use tch::{Device, Kind, Tensor};
 
     /// A decoded sample: 256 KiB of `f32`, as a data loader hands it over.
@@ -52,14 +53,18 @@ mod shapes {
         }
     }
 
+    /// The README's first example, fixed: a training step that logs its
+    /// loss as a number.
     #[gpu_leak_test(device = "auto")]
     #[ignore = "run by each_runner_judges_the_rust_heap_alike"]
     fn logs_one_f64_per_step(device: Device) -> impl FnMut() {
-        let weight = Tensor::ones([64, 64], (Kind::Float, device)).set_requires_grad(true);
+        let vs = nn::VarStore::new(device);
+        let model = nn::linear(vs.root(), 64, 8, Default::default());
+        let mut opt = nn::Sgd::default().build(&vs, 0.01).unwrap();
         let mut losses: Vec<f64> = Vec::new();
         move || {
-            let loss = Tensor::randn([8, 64], (Kind::Float, device)).matmul(&weight).square().mean(Kind::Float);
-            loss.backward();
+            let loss = model.forward(&Tensor::randn([16, 64], (Kind::Float, device))).square().mean(Kind::Float);
+            opt.backward_step(&loss);
             losses.push(loss.double_value(&[]));
         }
     }
