@@ -90,7 +90,9 @@ mod shapes {
         move || {
             step += 1;
             let loss = Tensor::randn([16], (Kind::Float, device)).square().mean(Kind::Float).double_value(&[]);
-            println!("{}", format!("step {step:>5}: loss {loss:.4}"));
+            // A String formatted each step, then printed.
+            let line = format!("step {step:>5}: loss {loss:.4}");
+            println!("{line}");
         }
     }
 }
