@@ -438,9 +438,9 @@ extern "C" fn on_oom(context: *mut c_void, size: i64, device_type: i32, device_i
 }
 
 extern "C" fn on_release(context: *mut c_void) {
+    let _harness = crate::layer::rust_heap::harness();
     // SAFETY: balances the Arc::into_raw in Tracker::enter; libtorch calls
     // this exactly once per push.
-    let _harness = crate::layer::rust_heap::harness();
     drop(unsafe { Arc::from_raw(context as *const TrackerState) });
 }
 
