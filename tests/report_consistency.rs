@@ -84,6 +84,7 @@ fn every_report_shows_the_verdict_layers_figures_in_its_index_row_json_and_text(
         let headline = text.lines().next().unwrap_or_default();
         let names_layer = match report.verdict_layer {
             gpu_leak_test::report::Layer::HostObjects => headline.contains("libtorch's host objects"),
+            gpu_leak_test::report::Layer::RustHeap => headline.contains("(the Rust heap)"),
             gpu_leak_test::report::Layer::Tensors(_) => headline.contains(&format!(" on {}", report.verdict_layer.name())),
             _ => headline.contains("outside libtorch"),
         };
