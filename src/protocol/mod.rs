@@ -303,32 +303,31 @@ fn attribute_and_judge(
     let (tensors_leak, host_objects_leak) = (judge.a_tensor_layer_leaks(), judge.host_objects_leak());
     let (window_verdicts, samples, notes) = (judge.verdicts.clone(), exec.samples.len(), exec.notes.len());
     let rust_heap = judge.leaks(crate::layer::Layer::RustHeap);
-    let pass = Pass { records_per_tensor, count, host_objects: host_objects_leak && !tensors_leak, rust_heap };
+    let recorded = attribute::Recorded { host_objects: host_objects_leak && !tensors_leak, rust_heap };
+    let pass = Pass { records_per_tensor, count, recorded };
     attribute_once(exec, judge, findings, iteration, pass);
     if tensors_leak && judge.host_objects_leak() && findings.attribution_failure.is_none() {
         judge.verdicts = window_verdicts;
         exec.samples.truncate(samples);
         exec.notes.truncate(notes);
-        attribute_once(exec, judge, findings, iteration, Pass { host_objects: true, ..pass });
+        let recorded = attribute::Recorded { host_objects: true, ..recorded };
+        attribute_once(exec, judge, findings, iteration, Pass { recorded, ..pass });
     }
 }
 
-/// One attribution pass: how many iterations, and whether host objects
-/// get stacks.
+/// One attribution pass: how many iterations, and which layers counted
+/// outside the tracker get stacks.
 #[derive(Clone, Copy)]
 struct Pass {
     records_per_tensor: i64,
     count: u32,
-    host_objects: bool,
-    /// Whether the Rust heap's blocks get stacks: only where it leaks.
-    rust_heap: bool,
+    recorded: attribute::Recorded,
 }
 
 /// Where the body fails during attribution, the leak found before stands,
 /// and the report says where attribution stopped.
 fn attribute_once(exec: &mut Executor<'_>, judge: &mut Judge, findings: &mut Findings, iteration: &mut Iteration<'_>, pass: Pass) {
-    let recorded = attribute::Recorded { host_objects: pass.host_objects, rust_heap: pass.rust_heap };
-    let mut found = match attribute::survivors(exec, iteration, pass.count, recorded) {
+    let mut found = match attribute::survivors(exec, iteration, pass.count, pass.recorded) {
         Ok(found) => found,
         Err(stopped) => {
             exec.notes.push(attribute::stopped_note(&stopped));
@@ -353,7 +352,7 @@ fn attribute_once(exec: &mut Executor<'_>, judge: &mut Judge, findings: &mut Fin
         samples: &exec.samples,
         suppressions: &exec.settings.suppressions,
         attributable: counted.iter().map(|c| c.attributable()).collect(),
-        host_objects_recorded: pass.host_objects,
+        host_objects_recorded: pass.recorded.host_objects,
         cannot_measure: &cannot_measure,
     };
     let notes = judge.after_attribution(&mut found.attribution, &found.site_levels, &evidence);
