@@ -125,34 +125,10 @@ const EXPECTED: &[(&str, Option<(&str, &str)>)] = &[
     ("runs_after_a_thread_was_left_running", None),
 ];
 
-/// The test binary run with `args`, as a runner outside nextest runs it
-/// (the environment nextest sets for this test is removed).
-fn run_binary(args: &[&str], nextest: bool) -> String {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args(args).env_remove("NEXTEST").env_remove("NEXTEST_EXECUTION_MODE").env_remove("RUST_TEST_THREADS");
-    if nextest {
-        command.env("NEXTEST", "1").env("NEXTEST_EXECUTION_MODE", "process-per-test");
-    }
-    let output = command.output().unwrap();
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
-
 /// Each shape's outcome in one run's output: the first line of its report
 /// where it failed, else "passed".
 fn outcomes(output: &str) -> BTreeMap<&'static str, String> {
-    EXPECTED
-        .iter()
-        .map(|&(name, _)| {
-            let headline = format!("LEAK in `shapes::{name}`");
-            let first = output.lines().find(|line| line.contains(&headline)).map(str::to_string);
-            // With --nocapture the test's own output can come between
-            // libtest's "test NAME ... " and its "ok".
-            let ran = output.lines().any(|line| line.starts_with(&format!("test shapes::{name} ... ")));
-            let listed_as_failed = output.lines().any(|line| line == format!("    shapes::{name}"));
-            let passed = ran && !listed_as_failed;
-            (name, first.unwrap_or_else(|| if passed { "passed".into() } else { format!("neither passed nor leaked:\n{output}") }))
-        })
-        .collect()
+    common::shape_outcomes(EXPECTED.iter().map(|&(name, _)| name), output, "LEAK in")
 }
 
 #[test]
@@ -163,12 +139,12 @@ fn every_runner_gives_the_same_verdict_and_first_line() {
         source.lines().position(|line| line.trim_end().ends_with(&needle)).map(|i| i + 1).unwrap()
     };
     // libtest's own default number of threads, as a plain `cargo test` runs.
-    let parallel = run_binary(&["shapes::", "--ignored", "--nocapture"], false);
-    let one_thread = run_binary(&["shapes::", "--ignored", "--test-threads=1", "--nocapture"], false);
+    let parallel = common::run_this_binary(&["shapes::", "--ignored", "--nocapture"], false);
+    let one_thread = common::run_this_binary(&["shapes::", "--ignored", "--test-threads=1", "--nocapture"], false);
     let mut per_process = String::new();
     for &(name, _) in EXPECTED {
         let full = format!("shapes::{name}");
-        per_process += &run_binary(&[&full, "--exact", "--ignored", "--nocapture"], true);
+        per_process += &common::run_this_binary(&[&full, "--exact", "--ignored", "--nocapture"], true);
     }
     let runs = [("cargo test", &parallel), ("--test-threads=1", &one_thread), ("nextest's way", &per_process)];
     let first = outcomes(&parallel);
@@ -200,7 +176,7 @@ fn every_runner_gives_the_same_verdict_and_first_line() {
 #[test]
 fn a_child_that_aborts_fails_with_its_signal() {
     for threads in ["--test-threads=2", "--test-threads=1"] {
-        let output = run_binary(&["shapes::aborts", "shapes::runs_after", "--ignored", threads], false);
+        let output = common::run_this_binary(&["shapes::aborts", "shapes::runs_after", "--ignored", threads], false);
         assert!(output.lines().any(|line| line == "    shapes::aborts"), "{threads}: not listed as failed:\n{output}");
         assert!(output.contains("was killed by signal 6 (SIGABRT"), "{threads}: the signal is not named:\n{output}");
         assert!(output.contains("test shapes::runs_after_a_thread_was_left_running ... ok"), "{threads}:\n{output}");

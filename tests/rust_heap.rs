@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 mod shapes {
     use gpu_leak_test::gpu_leak_test;
@@ -106,31 +105,10 @@ const EXPECTED: &[(&str, Option<&str>)] = &[
     ("prints_a_formatted_line_per_step", None),
 ];
 
-/// The test binary run with `args`, as a runner outside nextest runs it,
-/// or as nextest does (a process per test).
-fn run_binary(args: &[&str], nextest: bool) -> String {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args(args).env_remove("NEXTEST").env_remove("NEXTEST_EXECUTION_MODE").env_remove("RUST_TEST_THREADS");
-    if nextest {
-        command.env("NEXTEST", "1").env("NEXTEST_EXECUTION_MODE", "process-per-test");
-    }
-    let output = command.output().unwrap();
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
-
-/// Each shape's outcome: the first line of its report where it failed,
-/// else "passed".
+/// Each shape's outcome in one run's output: the first line of its report
+/// where it failed, else "passed".
 fn outcomes(output: &str) -> BTreeMap<&'static str, String> {
-    EXPECTED
-        .iter()
-        .map(|&(name, _)| {
-            let first = output.lines().find(|line| line.contains(&format!(" in `shapes::{name}`"))).map(str::to_string);
-            let ran = output.lines().any(|line| line.starts_with(&format!("test shapes::{name} ... ")));
-            let listed_as_failed = output.lines().any(|line| line == format!("    shapes::{name}"));
-            let passed = ran && !listed_as_failed;
-            (name, first.unwrap_or_else(|| if passed { "passed".into() } else { format!("neither passed nor failed:\n{output}") }))
-        })
-        .collect()
+    common::shape_outcomes(EXPECTED.iter().map(|&(name, _)| name), output, " in")
 }
 
 #[test]
@@ -140,11 +118,11 @@ fn each_runner_judges_the_rust_heap_alike() {
         let needle = format!("// site: {mark}");
         source.lines().position(|line| line.trim_end().ends_with(&needle)).map(|i| i + 1).unwrap()
     };
-    let parallel = run_binary(&["shapes::", "--ignored"], false);
-    let one_thread = run_binary(&["shapes::", "--ignored", "--test-threads=1"], false);
+    let parallel = common::run_this_binary(&["shapes::", "--ignored"], false);
+    let one_thread = common::run_this_binary(&["shapes::", "--ignored", "--test-threads=1"], false);
     let mut per_process = String::new();
     for &(name, _) in EXPECTED {
-        per_process += &run_binary(&[&format!("shapes::{name}"), "--exact", "--ignored"], true);
+        per_process += &common::run_this_binary(&[&format!("shapes::{name}"), "--exact", "--ignored"], true);
     }
     let first = outcomes(&parallel);
     for &(name, expected) in EXPECTED {

@@ -120,3 +120,39 @@ pub fn device(name: &str) -> gpu_leak_test::settings::DeviceChoice {
 pub fn scope(name: &str) -> gpu_leak_test::settings::Scope {
     name.parse().unwrap_or_else(|why| panic!("{why}"))
 }
+
+/// This test binary run with `args`, as a runner outside nextest runs it,
+/// or (`nextest`) as nextest does, a process per test: the environment
+/// either runner sets for the calling test is removed first.
+pub fn run_this_binary(args: &[&str], nextest: bool) -> String {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(args).env_remove("NEXTEST").env_remove("NEXTEST_EXECUTION_MODE").env_remove("RUST_TEST_THREADS");
+    if nextest {
+        command.env("NEXTEST", "1").env("NEXTEST_EXECUTION_MODE", "process-per-test");
+    }
+    let output = command.output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// Each of the `shapes::` tests named in a run's output: the first line of
+/// its report where it failed (the line with `{failed} `shapes::NAME``),
+/// else "passed" where libtest ran it and did not list it as failed.
+pub fn shape_outcomes(
+    names: impl IntoIterator<Item = &'static str>,
+    output: &str,
+    failed: &str,
+) -> std::collections::BTreeMap<&'static str, String> {
+    names
+        .into_iter()
+        .map(|name| {
+            let headline = format!("{failed} `shapes::{name}`");
+            let first = output.lines().find(|line| line.contains(&headline)).map(str::to_string);
+            // With --nocapture the test's own output can come between
+            // libtest's "test NAME ... " and its "ok".
+            let ran = output.lines().any(|line| line.starts_with(&format!("test shapes::{name} ... ")));
+            let listed_as_failed = output.lines().any(|line| line == format!("    shapes::{name}"));
+            let passed = ran && !listed_as_failed;
+            (name, first.unwrap_or_else(|| if passed { "passed".into() } else { format!("neither passed nor failed:\n{output}") }))
+        })
+        .collect()
+}
