@@ -177,19 +177,25 @@ fn totals() -> (i64, u64) {
     COUNT.iter().fold((0, 0), |(bytes, events), shard| (bytes + shard.bytes.load(Relaxed), events + shard.events.load(Relaxed)))
 }
 
-/// Until dropped, this thread's Rust allocations are the harness's own, not
-/// the test's. Guards nest.
-#[must_use = "harness mode ends when the guard drops"]
+/// Until dropped, this thread's Rust allocations are the harness's own
+/// ([`harness`]) or the test's ([`as_test`]); the mode before comes back
+/// when it drops, so guards nest.
+#[must_use = "the mode ends when the guard drops"]
 pub(crate) struct HarnessMode {
     was: bool,
     // Thread-local state: dropped on the thread that made it.
     _not_send: PhantomData<*const ()>,
 }
 
+/// Sets this thread's mode (`true`: the harness's) until the guard drops.
+fn set_mode(harness: bool) -> HarnessMode {
+    let was = HARNESS_MODE.try_with(|mode| mode.replace(harness)).unwrap_or(true);
+    HarnessMode { was, _not_send: PhantomData }
+}
+
 /// Puts this thread in harness mode (see [`HarnessMode`]).
 pub(crate) fn harness() -> HarnessMode {
-    let was = HARNESS_MODE.try_with(|mode| mode.replace(true)).unwrap_or(true);
-    HarnessMode { was, _not_send: PhantomData }
+    set_mode(true)
 }
 
 impl Drop for HarnessMode {
@@ -201,14 +207,7 @@ impl Drop for HarnessMode {
 /// Runs `f` with this thread's Rust allocations counted as the test's: the
 /// body's calls, and dropping what the body made.
 pub(crate) fn as_test<T>(f: impl FnOnce() -> T) -> T {
-    let was = HARNESS_MODE.try_with(|mode| mode.replace(false)).unwrap_or(true);
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = HARNESS_MODE.try_with(|mode| mode.set(self.0));
-        }
-    }
-    let _restore = Restore(was);
+    let _test = set_mode(false);
     f()
 }
 
