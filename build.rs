@@ -111,6 +111,15 @@ fn main() {
     build
         .cpp(true)
         .pic(true)
+        // Optimised in every profile: operator new and delete below run
+        // for every C++ object of the process, and `cargo test` builds
+        // dependencies at opt-level 0, where each call cost several times
+        // more.
+        .opt_level(2)
+        // Optimised, GCC would guess that a virtual call on the CUDA
+        // allocator lands in a header's inline body, whose CUDA runtime
+        // calls this shim must not link against.
+        .flag_if_supported("-fno-devirtualize-speculatively")
         .std("c++17")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
