@@ -6,12 +6,16 @@
 // CUDA toolkit: the CUDA side of libtorch is reached at run time through its
 // registered allocator and device guard, and through dlsym.
 #include <ATen/core/CachingHostAllocator.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/headeronly/version.h>
 
 #include <dlfcn.h>
@@ -275,21 +279,87 @@ char* glt_cuda_process_memory(int32_t device, uint64_t* bytes, int* available, c
   });
 }
 
-// at::cuda::clearCublasWorkspaces() lives in libtorch_cuda.so and is not in
-// any header this shim may include; it is looked up by its mangled name.
-// *available is 0 where the symbol is missing (CPU-only libtorch, or a
-// libtorch that renamed it).
+}  // extern "C"
+
+namespace {
+
+// libtorch_cuda's own functions that no header this shim may include
+// declares (their headers need cuBLAS's): looked up by their mangled names.
+// Null where missing (a CPU-only libtorch, or one that renamed them).
+void* torch_cuda_function(const char* mangled) {
+  void* symbol = dlsym(RTLD_DEFAULT, mangled);
+  if (symbol == nullptr && torch_cuda_handle != nullptr) {
+    symbol = dlsym(torch_cuda_handle, mangled);
+  }
+  return symbol;
+}
+
+// What libtorch's first matmul on a thread makes and keeps for good: the
+// thread's cuBLAS handle with its workspace, and its cuBLASLt handle and
+// workspace (at::cuda::getCurrentCUDABlasHandle, getCurrentCUDABlasLtHandle,
+// getCUDABlasLtWorkspace), on the thread's current device and stream. No
+// kernel runs, so no GEMM kernel is loaded that the test may never use.
+// False where one of them is missing.
+bool ready_blas_on_this_thread() {
+  using no_argument_fn = void* (*)();
+  // 2.12 added `bool setup = true`, which changed the mangled name.
+  using with_setup_fn = void* (*)(bool);
+  void* handle = torch_cuda_function("_ZN2at4cuda24getCurrentCUDABlasHandleEv");
+  void* handle_with_setup = torch_cuda_function("_ZN2at4cuda24getCurrentCUDABlasHandleEb");
+  void* lt_handle = torch_cuda_function("_ZN2at4cuda26getCurrentCUDABlasLtHandleEv");
+  void* lt_workspace = torch_cuda_function("_ZN2at4cuda22getCUDABlasLtWorkspaceEv");
+  if ((handle == nullptr && handle_with_setup == nullptr) || lt_handle == nullptr || lt_workspace == nullptr) {
+    return false;
+  }
+  if (handle != nullptr) {
+    reinterpret_cast<no_argument_fn>(handle)();
+  } else {
+    reinterpret_cast<with_setup_fn>(handle_with_setup)(true);
+  }
+  reinterpret_cast<no_argument_fn>(lt_handle)();
+  reinterpret_cast<no_argument_fn>(lt_workspace)();
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+// at::cuda::clearCublasWorkspaces(). *available is 0 where it is missing.
 char* glt_cuda_clear_cublas_workspaces(int* available) {
   return guarded([&] {
     using clear_fn = void (*)();
-    void* symbol = dlsym(RTLD_DEFAULT, "_ZN2at4cuda21clearCublasWorkspacesEv");
-    if (symbol == nullptr && torch_cuda_handle != nullptr) {
-      symbol = dlsym(torch_cuda_handle, "_ZN2at4cuda21clearCublasWorkspacesEv");
-    }
+    void* symbol = torch_cuda_function("_ZN2at4cuda21clearCublasWorkspacesEv");
     *available = symbol != nullptr ? 1 : 0;
     if (symbol != nullptr) {
       reinterpret_cast<clear_fn>(symbol)();
     }
+  });
+}
+
+// libtorch's cuBLAS state for `device`, made before a test measures, where
+// its first matmul would: on the calling thread, then on autograd's worker
+// thread for the device (started here if it was not), which runs the
+// backward's matmuls. The worker is reached by a backward through a view,
+// which runs no kernel, with a hook on the view's gradient. *ready is 0
+// where libtorch lacks one of the functions: the caller then prewarms
+// through a matmul and its backward.
+char* glt_cuda_ready_blas(int32_t device, int* ready) {
+  return guarded([&] {
+    *ready = 0;
+    c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    c10::DeviceGuard guard(on);
+    if (!ready_blas_on_this_thread()) {
+      return;
+    }
+    at::AutoGradMode grad_mode(true);
+    auto options = at::TensorOptions().dtype(at::kFloat).device(on);
+    at::Tensor leaf = at::empty({1}, options).requires_grad_(true);
+    at::Tensor view = leaf.view({1});
+    std::atomic<bool> ready_there{false};
+    view.register_hook([&ready_there](const at::Tensor&) { ready_there = ready_blas_on_this_thread(); });
+    torch::autograd::grad({view}, {leaf}, {at::empty({1}, options)});
+    *ready = ready_there ? 1 : 0;
   });
 }
 
