@@ -176,9 +176,20 @@ fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
     parts.libtorch_check = part.elapsed();
     let part = Instant::now();
     if let Device::Cuda(index) = device {
+        // NVML's start-up, which the first reading of the process's device
+        // memory pays once per process, runs while CUDA starts here.
+        let nvml = std::thread::Builder::new().name("gpu-leak-test-nvml".into()).spawn(move || {
+            let _harness = crate::layer::rust_heap::harness();
+            let _ = crate::probe::cuda::process_memory(index);
+        });
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
         let _ = crate::probe::cuda::prewarm(index);
+        // Joined before anything is counted: the thread and what it
+        // allocated are gone by then.
+        if let Ok(nvml) = nvml {
+            let _ = nvml.join();
+        }
     }
     parts.cuda_state = part.elapsed();
     Ok(())

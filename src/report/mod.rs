@@ -221,7 +221,8 @@ pub struct PrewarmParts {
     /// per process).
     pub libtorch_check: Duration,
     /// CUDA's one-time state outside the measurement: the device's context,
-    /// cuBLAS handles and workspace, autograd's device thread.
+    /// cuBLAS handles and workspace, autograd's device thread; NVML's
+    /// start-up runs beside them.
     pub cuda_state: Duration,
     /// Opening the sources: the counting CPU allocator, the CUDA trace
     /// tracker, CUPTI's callbacks on the driver, the per-thread hook.
