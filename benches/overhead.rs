@@ -29,7 +29,9 @@
 //!
 //! Sections can be named to run only them: `overhead --bench heavy step`
 //! (the names are in `SECTIONS`); `--runs=10000` sets the clean runs of the
-//! false-alarm section, and each false alarm prints its seed and report.
+//! false-alarm section, and each false alarm prints its seed and report;
+//! `--rounds=N` sets the step sections' rounds, and `--counting-only` runs
+//! only the counting target's variants there, so many rounds fit.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -293,12 +295,33 @@ fn events_per_step(step: &mut dyn TrainingStep, device: Device) -> (u64, u64, u6
     (events(&tracker), process, host.allocations + host.frees)
 }
 
-/// The variants of one step, alternating round by round: ratios to plain,
-/// and what each costs per allocator event.
-fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
+/// What a variant's row says in a step's table.
+fn step_label(variant: Variant) -> &'static str {
+    match variant {
+        Variant::Plain => "plain (no hook, the Rust heap's count off)",
+        Variant::Counting => "passing leak test, thread scope (hook, counting, all layers)",
+        Variant::Process => "passing leak test, process scope (every thread, counting, all layers)",
+        Variant::Attribution => "attribution forced on (a stack per tensor allocation, as for a tensor leak)",
+        Variant::CountingTensorsOnly => "thread scope without libtorch's host objects",
+        Variant::ProcessTensorsOnly => "process scope without libtorch's host objects",
+        Variant::ProcessWithoutDriverCalls => "process scope without the CUDA driver's calls (CUPTI)",
+        Variant::AttributionWithHostObjects => "attribution with a stack for every C++ heap block too (as before)",
+        Variant::ProcessWithoutRustHeap => "process scope without the Rust heap",
+    }
+}
+
+/// The variants that decide the counting target (process scope, and it
+/// without each host layer): fewer variants, so more rounds fit where the
+/// median's spread must be narrower than the target's margin.
+const COUNTING_VARIANTS: [Variant; 4] =
+    [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap];
+
+/// The variants of one step (plain first), alternating round by round:
+/// ratios to plain, and what each costs per allocator event.
+fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, variants: &[Variant]) {
+    assert_eq!(variants[0], Variant::Plain, "ratios are to plain");
     // Warm-up: optimizer state, workspaces, the unwinder's module list.
-    let variants = VARIANTS;
-    for variant in variants {
+    for &variant in variants {
         time_variant(step, device, variant, 3);
     }
     // Rounds of about 0.3 s per variant: enough steps to average over, few
@@ -307,10 +330,10 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
     let steps_per_round = ((0.3 / estimate).round() as usize).max(3).min(scale.steps_per_round);
     let (events, process_events, host_events) = events_per_step(step, device);
     let mut plain_times = Vec::new();
-    let mut ratios: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
-    let mut per_event_ns: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
+    let mut ratios = vec![Vec::new(); variants.len() - 1];
+    let mut per_event_ns = vec![Vec::new(); variants.len() - 1];
     for round in 0..scale.rounds {
-        let mut times = [0.0; VARIANTS.len()];
+        let mut times = vec![0.0; variants.len()];
         for k in 0..variants.len() {
             // Rotate the order every round so drift hits every variant alike.
             let index = (k + round) % variants.len();
@@ -322,11 +345,6 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
             per_event_ns[v - 1].push((times[v] - times[0]) * 1e9 / events.max(1) as f64);
         }
     }
-    // How well the unwinder's rule cache serves one step with attribution.
-    let before = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
-    time_variant(step, device, Variant::Attribution, 1);
-    let after = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
-    let (hits, collisions, other) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
     let (plain, _, _) = summary(&mut plain_times);
     println!("### {} on {device:?}\n", step.describe());
     println!(
@@ -338,28 +356,25 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale) {
         plain * 1e3,
         tch::get_num_threads(),
     );
-    println!(
-        "Unwinder rule cache over one step with attribution, on the test's thread: {hits} hits, {collisions} misses from slot collisions, {other} other misses.\n"
-    );
+    if variants.contains(&Variant::Attribution) {
+        // How well the unwinder's rule cache serves one step with attribution.
+        let before = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
+        time_variant(step, device, Variant::Attribution, 1);
+        let after = gpu_leak_test::internals::probe::stacks::unwinder_cache_stats().unwrap_or_default();
+        let (hits, collisions, other) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+        println!(
+            "Unwinder rule cache over one step with attribution, on the test's thread: {hits} hits, {collisions} misses from slot collisions, {other} other misses.\n"
+        );
+    }
     println!(
         "| variant | ratio to plain: median | median's 95% interval | min | max | cost per allocator event (median) |\n| --- | --- | --- | --- | --- | --- |"
     );
-    println!("| plain (no hook, the Rust heap's count off) | 1.000 | | | | |");
-    let names = [
-        "passing leak test, thread scope (hook, counting, all layers)",
-        "passing leak test, process scope (every thread, counting, all layers)",
-        "attribution forced on (a stack per tensor allocation, as for a tensor leak)",
-        "thread scope without libtorch's host objects",
-        "process scope without libtorch's host objects",
-        "process scope without the CUDA driver's calls (CUPTI)",
-        "attribution with a stack for every C++ heap block too (as before)",
-        "process scope without the Rust heap",
-    ];
-    for ((name, r), ns) in names.into_iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
+    println!("| {} | 1.000 | | | | |", step_label(Variant::Plain));
+    for ((&variant, r), ns) in variants[1..].iter().zip(ratios.iter_mut()).zip(per_event_ns.iter_mut()) {
         let (low, high) = median_interval(r);
         let (median, min, max) = summary(r);
         let (ns, _, _) = summary(ns);
-        println!("| {name} | {median:.3} | {low:.3} to {high:.3} | {min:.3} | {max:.3} | {ns:.0} ns |");
+        println!("| {} | {median:.3} | {low:.3} to {high:.3} | {min:.3} | {max:.3} | {ns:.0} ns |", step_label(variant));
     }
     println!();
 }
@@ -443,13 +458,15 @@ fn event_costs(device: Device, scale: &Scale) {
 /// The allocation-heavy step. On the CPU with one intra-op thread: the
 /// cell's matrices are small, and a pool of threads waking for each of
 /// them makes rounds differ by more than the harness costs.
-fn heavy_step_overhead(device: Device, scale: &Scale) {
+fn heavy_step_overhead(device: Device, scale: &Scale, variants: &[Variant]) {
     let threads = tch::get_num_threads();
     if device == Device::Cpu {
         tch::set_num_threads(1);
     }
-    step_overhead(&mut LstmStep::new(device), device, scale);
-    event_costs(device, scale);
+    step_overhead(&mut LstmStep::new(device), device, scale, variants);
+    if variants.len() == VARIANTS.len() {
+        event_costs(device, scale);
+    }
     tch::set_num_threads(threads);
 }
 
@@ -771,6 +788,9 @@ fn main() {
     let scale = &Scale { rounds: rounds.unwrap_or(chosen.rounds), ..*chosen };
     // `--runs=N`: how many clean runs the false-alarm section makes.
     let false_alarm_runs = args.iter().find_map(|a| a.strip_prefix("--runs=")?.parse::<usize>().ok());
+    // `--counting-only`: the step sections run only the counting target's
+    // variants, so `--rounds` can be large.
+    let variants: &[Variant] = if args.iter().any(|a| a == "--counting-only") { &COUNTING_VARIANTS } else { &VARIANTS };
     let has_cuda = cuda::is_available();
     println!("## gpu-leak-test overhead and sensitivity\n");
     println!(
@@ -784,12 +804,12 @@ fn main() {
     }
     if wanted("step") {
         for &device in &devices {
-            step_overhead(&mut MlpStep::new(device), device, scale);
+            step_overhead(&mut MlpStep::new(device), device, scale, variants);
         }
     }
     if wanted("heavy") {
         for &device in &devices {
-            heavy_step_overhead(device, scale);
+            heavy_step_overhead(device, scale, variants);
         }
     }
     if wanted("events") && !wanted("heavy") {
