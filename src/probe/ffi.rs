@@ -85,8 +85,6 @@ extern "C" {
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_driver_calls_start(why: *mut *mut c_char);
     pub(crate) fn glt_driver_calls_stop();
-    pub(crate) fn glt_driver_calls_subscribe_ahead();
-    pub(crate) fn glt_driver_calls_release_unused();
     #[cfg(feature = "internals")]
     pub(crate) fn glt_driver_calls_switch_off(off: c_int);
     pub(crate) fn glt_driver_calls_count_cuda_allocator(on: c_int);
