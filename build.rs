@@ -131,6 +131,10 @@ fn main() {
         // std::hardware_destructive_interference_size; GCC warns that it may
         // vary with -mtune. libtorch and this shim both see x86-64's 64.
         .flag_if_supported("-Wno-interference-size")
+        // libtorch 2.13's autograd headers give bit-fields default
+        // initialisers (C++20), which GCC takes in C++17 as an extension;
+        // torch-sys compiles the same headers as C++17 too.
+        .flag_if_supported("-Wno-c++20-extensions")
         .file("csrc/shim.cpp")
         // Replaces operator new and delete for the whole test binary, so
         // libtorch's host objects are counted (see the file).
