@@ -72,7 +72,7 @@ fn main() {
     println!("cargo:rerun-if-changed=libtorch-versions.tsv");
     println!("cargo:rerun-if-changed=build_support/libtorch_version.rs");
     println!("cargo:rerun-if-changed=build_support/event_kinds.rs");
-    for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp", "csrc/driver_calls.cpp"] {
+    for file in ["csrc/shim.cpp", "csrc/shim.h", "csrc/host_objects.cpp", "csrc/driver_calls.cpp", "csrc/symbol_table.cpp"] {
         println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-env-changed={CUDA_INCLUDE_VAR}");
@@ -141,6 +141,8 @@ fn main() {
         .file("csrc/host_objects.cpp")
         // Driver allocations outside libtorch's allocators, through CUPTI.
         .file("csrc/driver_calls.cpp")
+        // The symbol-table scan that names libtorch's frames in a report.
+        .file("csrc/symbol_table.cpp")
         .compile("gpu_leak_test_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=c10");

@@ -85,6 +85,14 @@ extern "C" {
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_driver_calls_start(why: *mut *mut c_char);
     pub(crate) fn glt_driver_calls_stop();
+    pub(crate) fn glt_match_function_symbols(
+        symbols: *const u8,
+        count: usize,
+        wanted: *const u64,
+        wanted_count: usize,
+        best_sizes: *mut u64,
+        best_names: *mut u32,
+    );
     #[cfg(feature = "internals")]
     pub(crate) fn glt_driver_calls_switch_off(off: c_int);
     pub(crate) fn glt_driver_calls_count_cuda_allocator(on: c_int);

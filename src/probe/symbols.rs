@@ -24,8 +24,6 @@ struct Section {
 
 const SHT_SYMTAB: u32 = 2;
 const SHT_DYNSYM: u32 = 11;
-const STT_FUNC: u8 = 2;
-const STT_GNU_IFUNC: u8 = 10;
 const SYMBOL_SIZE: usize = 24;
 
 fn u16_at(bytes: &[u8], at: usize) -> u16 {
@@ -103,9 +101,11 @@ impl Elf {
         None
     }
 
-    /// For each of `wanted` (link-time addresses, sorted), the name offset of
-    /// the function symbol whose range holds it: one pass over the symbol
-    /// table (the full one where the file has it, else the dynamic one).
+    /// For each of `wanted` (link-time addresses, sorted), the name of the
+    /// function symbol whose range holds it, the tightest where symbols
+    /// overlap (aliases, a function inside a bigger one): one pass over the
+    /// symbol table (the full one where the file has it, else the dynamic
+    /// one), matched in the shim, which is optimised in every profile.
     fn function_names(&self, wanted: &[u64]) -> HashMap<u64, String> {
         let table = self
             .sections
@@ -114,7 +114,9 @@ impl Elf {
             .or_else(|| self.sections.iter().find(|s| s.kind == SHT_DYNSYM));
         let Some(table) = table else { return HashMap::new() };
         let Some(strings) = self.sections.get(table.link as usize) else { return HashMap::new() };
-        let mut found: HashMap<u64, (u64, u32)> = HashMap::new();
+        // Each wanted address's tightest symbol so far: its size and name.
+        let mut best_sizes = vec![u64::MAX; wanted.len()];
+        let mut best_names = vec![0u32; wanted.len()];
         // Read the table in pieces: it can be tens of megabytes.
         const CHUNK_SYMBOLS: usize = 1 << 16;
         let mut chunk = vec![0u8; CHUNK_SYMBOLS * SYMBOL_SIZE];
@@ -125,29 +127,37 @@ impl Elf {
             if self.file.read_exact_at(&mut chunk[..length], at).is_err() {
                 break;
             }
-            for symbol in chunk[..length].chunks_exact(SYMBOL_SIZE) {
-                let kind = symbol[4] & 0xf;
-                let (value, size) = (u64_at(symbol, 8), u64_at(symbol, 16));
-                if !(kind == STT_FUNC || kind == STT_GNU_IFUNC) || size == 0 {
-                    continue;
-                }
-                let first = wanted.partition_point(|&address| address < value);
-                for &address in wanted[first..].iter().take_while(|&&address| address < value + size) {
-                    // Where symbols overlap (aliases, a function inside a
-                    // bigger one), the tightest wins.
-                    let entry = found.entry(address).or_insert((u64::MAX, 0));
-                    if size < entry.0 {
-                        *entry = (size, u32_at(symbol, 0));
-                    }
-                }
-            }
+            match_function_symbols(&chunk[..length], wanted, &mut best_sizes, &mut best_names);
             at += length as u64;
         }
-        found
-            .into_iter()
-            .filter_map(|(address, (_, name))| Some((address, demangle(&self.string(strings, name)?))))
+        wanted
+            .iter()
+            .zip(best_sizes.iter().zip(&best_names))
+            .filter(|(_, (&size, _))| size != u64::MAX)
+            .filter_map(|(&address, (_, &name))| Some((address, demangle(&self.string(strings, name)?))))
             .collect()
     }
+}
+
+/// For each of `wanted` (sorted), the tightest function symbol among
+/// `symbols` (whole Elf64_Sym entries) whose range holds it, where tighter
+/// than `best_sizes` says (`u64::MAX`: none yet); its name's offset goes to
+/// `best_names`. Called piece by piece over a table.
+fn match_function_symbols(symbols: &[u8], wanted: &[u64], best_sizes: &mut [u64], best_names: &mut [u32]) {
+    assert!(symbols.len() % SYMBOL_SIZE == 0 && best_sizes.len() == wanted.len() && best_names.len() == wanted.len());
+    // SAFETY: `symbols` holds `len / SYMBOL_SIZE` whole entries, and
+    // `best_sizes` and `best_names` have one element per wanted address
+    // (checked above); the shim reads and writes only within them.
+    unsafe {
+        super::ffi::glt_match_function_symbols(
+            symbols.as_ptr(),
+            symbols.len() / SYMBOL_SIZE,
+            wanted.as_ptr(),
+            wanted.len(),
+            best_sizes.as_mut_ptr(),
+            best_names.as_mut_ptr(),
+        )
+    };
 }
 
 /// A name as the stack symbolizer shows names `backtrace` resolves:
@@ -231,6 +241,42 @@ mod tests {
             here as *const () as usize + 1
         }
         assert!(!names_in_libraries_without_line_tables(&[here()]).contains_key(&here()));
+    }
+
+    /// An Elf64_Sym: name offset, kind, address, size.
+    fn symbol(name: u32, kind: u8, value: u64, size: u64) -> Vec<u8> {
+        let mut bytes = vec![0u8; SYMBOL_SIZE];
+        bytes[0..4].copy_from_slice(&name.to_le_bytes());
+        bytes[4] = kind;
+        bytes[8..16].copy_from_slice(&value.to_le_bytes());
+        bytes[16..24].copy_from_slice(&size.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn each_address_takes_the_tightest_function_symbol_that_holds_it_across_pieces() {
+        const FUNCTION: u8 = 2;
+        const INDIRECT_FUNCTION: u8 = 10;
+        const OBJECT: u8 = 1;
+        let first_piece = [
+            symbol(1, FUNCTION, 0x1000, 0x100),         // holds 0x1010 and 0x1080
+            symbol(2, OBJECT, 0x1010, 0x4),             // data, not a function
+            symbol(3, FUNCTION, 0x1080, 0x10),          // inside 1: tighter for 0x1080
+            symbol(4, FUNCTION, 0x1080, 0x10),          // an alias of 3, later: 3 stays
+            symbol(5, FUNCTION, 0x2000, 0),             // no size: holds nothing
+        ]
+        .concat();
+        let second_piece = [
+            symbol(6, INDIRECT_FUNCTION, 0x3000, 0x20), // holds 0x301f, not 0x3020
+            symbol(7, FUNCTION, 0x0ff0, 0x3000),        // wider than 1, 3 and 6
+        ]
+        .concat();
+        let wanted = [0x1010, 0x1080, 0x2000, 0x301f, 0x3020];
+        let (mut sizes, mut names) = (vec![u64::MAX; wanted.len()], vec![0u32; wanted.len()]);
+        match_function_symbols(&first_piece, &wanted, &mut sizes, &mut names);
+        match_function_symbols(&second_piece, &wanted, &mut sizes, &mut names);
+        assert_eq!(names, [1, 3, 7, 6, 7]);
+        assert_eq!(sizes, [0x100, 0x10, 0x3000, 0x20, 0x3000]);
     }
 
     #[test]
