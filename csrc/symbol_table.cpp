@@ -28,7 +28,7 @@ T field(const uint8_t* symbol, size_t at) {
 // among `count` Elf64_Sym entries at `symbols` whose range holds it, where
 // it is tighter than the one already in `best_sizes` / `best_names`
 // (UINT64_MAX where none yet): a table read in pieces is passed piece by
-// piece. Where sizes tie, the earlier symbol stays, as before.
+// piece. Where sizes tie, the earlier symbol stays.
 extern "C" void glt_match_function_symbols(const uint8_t* symbols, size_t count, const uint64_t* wanted,
                                            size_t wanted_count, uint64_t* best_sizes, uint32_t* best_names) {
   const uint64_t* wanted_end = wanted + wanted_count;
