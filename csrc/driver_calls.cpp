@@ -175,6 +175,10 @@ std::unordered_map<uint64_t, Entry, std::hash<uint64_t>, std::equal_to<uint64_t>
     ledger;
 
 std::atomic<bool> switched_off{false};
+// Set while CUPTI is subscribed ahead of its first user (see
+// glt_driver_calls_subscribe_ahead): a call then is as one made before the
+// subscription, neither counted nor in the ledger.
+std::atomic<bool> ahead_of_users{false};
 // libtorch's CUDA allocator's own calls are reported only where they are
 // the tensors' source; otherwise they are its segments, which the trace
 // tracker counts already.
@@ -246,7 +250,7 @@ void record_device_allocation(const Params* p) {
 
 // Called by CUPTI on the calling thread. It must not throw: CUPTI is C.
 void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) noexcept {
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API) {
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || ahead_of_users.load(std::memory_order_relaxed)) {
     return;
   }
   const auto* call = static_cast<const CUpti_CallbackData*>(data);
@@ -380,6 +384,41 @@ Cupti cupti;
 CUpti_SubscriberHandle subscriber = nullptr;
 int subscription_users = 0;
 
+// Subscribes to CUPTI and enables the allocation calls' callbacks, under
+// subscription_mutex. False, with `why`, where it cannot.
+bool subscribe(std::string& why) {
+  if (cupti.subscribe == nullptr && !find_cupti(cupti, why)) {
+    return false;
+  }
+  cuda_allocator_code = code_of("libc10_cuda.so");
+  torch_cuda_code = code_of("libtorch_cuda.so");
+  own_code = code_of(nullptr, reinterpret_cast<uintptr_t>(&caller_of_this_call));
+  CUptiResult result = cupti.subscribe(&subscriber, on_driver_call, nullptr);
+  if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    subscriber = nullptr;
+    why =
+        "another CUPTI subscriber holds CUPTI in this process (a profiler: torch.profiler's Kineto, Nsight "
+        "Systems, or a tool loaded through CUDA_INJECTION64_PATH), and CUPTI takes one. Run leak tests without "
+        "the profiler, or profile in a separate run";
+    return false;
+  }
+  if (result != CUPTI_SUCCESS) {
+    subscriber = nullptr;
+    why = "cuptiSubscribe failed: " + result_text(cupti, result);
+    return false;
+  }
+  for (CUpti_CallbackId id : kAllocationCalls) {
+    result = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id);
+    if (result != CUPTI_SUCCESS) {
+      cupti.unsubscribe(subscriber);
+      subscriber = nullptr;
+      why = "cuptiEnableCallback failed: " + result_text(cupti, result);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 // The CUDA driver's entry points the canary calls, from the loaded driver.
@@ -451,38 +490,47 @@ void glt_driver_calls_start(char** why) {
     return;
   }
   std::string reason;
-  if (cupti.subscribe == nullptr && !find_cupti(cupti, reason)) {
+  if (subscriber == nullptr && !subscribe(reason)) {
     *why = copy_string(reason);
     return;
   }
-  cuda_allocator_code = code_of("libc10_cuda.so");
-  torch_cuda_code = code_of("libtorch_cuda.so");
-  own_code = code_of(nullptr, reinterpret_cast<uintptr_t>(&caller_of_this_call));
-  CUptiResult result = cupti.subscribe(&subscriber, on_driver_call, nullptr);
-  if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-    *why = copy_string(
-        "another CUPTI subscriber holds CUPTI in this process (a profiler: torch.profiler's Kineto, Nsight "
-        "Systems, or a tool loaded through CUDA_INJECTION64_PATH), and CUPTI takes one. Run leak tests without "
-        "the profiler, or profile in a separate run");
-    return;
-  }
-  if (result != CUPTI_SUCCESS) {
-    *why = copy_string("cuptiSubscribe failed: " + result_text(cupti, result));
-    return;
-  }
-  for (CUpti_CallbackId id : kAllocationCalls) {
-    result = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id);
-    if (result != CUPTI_SUCCESS) {
-      cupti.unsubscribe(subscriber);
-      subscriber = nullptr;
-      *why = copy_string("cuptiEnableCallback failed: " + result_text(cupti, result));
-      return;
-    }
-  }
+  ahead_of_users.store(false, std::memory_order_relaxed);
   subscription_users = 1;
 #else
   *why = copy_string(
       "this build of gpu-leak-test found no CUDA headers (see the build warning), so it cannot subscribe to CUPTI");
+#endif
+}
+
+// Subscribes to CUPTI ahead of its first user, where nothing holds it yet:
+// CUPTI's start-up (13 to 18 ms on an H200) then runs on another thread
+// while CUDA starts. The callbacks report nothing until
+// glt_driver_calls_start takes the subscription over, and
+// glt_driver_calls_release_unused hands it back where no user came. A
+// failure here is left for glt_driver_calls_start to find and explain.
+void glt_driver_calls_subscribe_ahead() {
+#ifdef GLT_CUDA_TRACE
+  std::lock_guard<std::mutex> guard(subscription_mutex);
+  if (subscription_users > 0 || subscriber != nullptr) {
+    return;
+  }
+  ahead_of_users.store(true, std::memory_order_relaxed);
+  std::string ignored;
+  if (!subscribe(ignored)) {
+    ahead_of_users.store(false, std::memory_order_relaxed);
+  }
+#endif
+}
+
+// Unsubscribes a subscription made ahead that no user took over.
+void glt_driver_calls_release_unused() {
+#ifdef GLT_CUDA_TRACE
+  std::lock_guard<std::mutex> guard(subscription_mutex);
+  if (subscription_users == 0 && subscriber != nullptr) {
+    cupti.unsubscribe(subscriber);
+    subscriber = nullptr;
+    ahead_of_users.store(false, std::memory_order_relaxed);
+  }
 #endif
 }
 

@@ -75,6 +75,24 @@ pub(crate) fn start() -> Result<(), String> {
     reason(why)
 }
 
+/// Subscribes to CUPTI ahead of [`start`], where counting is on and
+/// nothing holds CUPTI yet, so its start-up can run on another thread while
+/// CUDA starts. Nothing is counted until `start`; [`release_unused`] hands
+/// a subscription no `start` took back.
+pub(crate) fn subscribe_ahead() {
+    if enabled() == Ok(true) {
+        // SAFETY: no arguments; the shim serialises it with start and stop.
+        unsafe { ffi::glt_driver_calls_subscribe_ahead() };
+    }
+}
+
+/// Unsubscribes what [`subscribe_ahead`] subscribed, where no [`start`]
+/// took it over.
+pub(crate) fn release_unused() {
+    // SAFETY: no arguments; the shim serialises it with start and stop.
+    unsafe { ffi::glt_driver_calls_release_unused() };
+}
+
 /// One user fewer; the last hands CUPTI back.
 pub(crate) fn stop() {
     // SAFETY: no arguments; balanced against a successful start.

@@ -85,6 +85,8 @@ extern "C" {
     pub(crate) fn glt_process_attach_cuda_trace(available: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_driver_calls_start(why: *mut *mut c_char);
     pub(crate) fn glt_driver_calls_stop();
+    pub(crate) fn glt_driver_calls_subscribe_ahead();
+    pub(crate) fn glt_driver_calls_release_unused();
     pub(crate) fn glt_match_function_symbols(
         symbols: *const u8,
         count: usize,

@@ -120,6 +120,8 @@ where
     }
     let part = Instant::now();
     let observation = Observation::open(scope.is_process());
+    // The observation took CUPTI's subscription over, or never will.
+    crate::probe::driver::release_unused();
     let probes = match wire(device, scope, &observation) {
         Ok(probes) => probes,
         Err(message) => return stop_in_setup(unwired(), message),
@@ -176,19 +178,21 @@ fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
     parts.libtorch_check = part.elapsed();
     let part = Instant::now();
     if let Device::Cuda(index) = device {
-        // NVML's start-up, which the first reading of the process's device
-        // memory pays once per process, runs while CUDA starts here.
-        let nvml = std::thread::Builder::new().name("gpu-leak-test-nvml".into()).spawn(move || {
+        // NVML's and CUPTI's start-ups, which the first reading of the
+        // process's device memory and the sources pay once per process,
+        // run while CUDA starts here.
+        let ahead = std::thread::Builder::new().name("gpu-leak-test-ahead".into()).spawn(move || {
             let _harness = crate::layer::rust_heap::harness();
             let _ = crate::probe::cuda::process_memory(index);
+            crate::probe::driver::subscribe_ahead();
         });
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
         let _ = crate::probe::cuda::prewarm(index);
         // Joined before anything is counted: the thread and what it
         // allocated are gone by then.
-        if let Ok(nvml) = nvml {
-            let _ = nvml.join();
+        if let Ok(ahead) = ahead {
+            let _ = ahead.join();
         }
     }
     parts.cuda_state = part.elapsed();
