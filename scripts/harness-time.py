@@ -18,6 +18,7 @@ PARTS = [
     ("prewarm_canaries", "… of it: every layer's canary"),
     ("sampling", "synchronisation and sampling"),
     ("attribution", "attribution (failing tests only)"),
+    ("attribution_naming", "… of it: grouping the survivors by site and naming their frames"),
     ("report_writing", "report writing (JSON, page, plot, index)"),
     ("other", "other (verdicts, building the report)"),
 ]
@@ -36,6 +37,7 @@ def main():
         sys.exit(f"{path}: no timing lines (was GPU_LEAK_TEST_TIMINGS set for the run?)")
     for r in rows:
         r.setdefault("cuda_startup", 0.0)
+        r.setdefault("attribution_naming", 0.0)
         r["prewarm"] -= r["cuda_startup"]
         # CUDA's start-up falls in whichever part first touched CUDA: the
         # device's resolution, else the one-time state.

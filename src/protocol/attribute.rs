@@ -81,8 +81,10 @@ fn record_survivors(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>, coun
     stop(&tracker);
     let survivors = tracker.recorded_survivors();
     tracker.clear_recorded();
+    let naming = Instant::now();
     let attribution = attribution::attribute(&survivors, count, &sites_root(exec));
     let references = watching.finish(&survivors, &attribution);
+    exec.time.attribution_naming += naming.elapsed();
     let sites: HashSet<&(Layer, Vec<usize>)> = by_stack_each_iteration.iter().flat_map(|m| m.keys()).collect();
     let site_levels = sites
         .into_iter()
@@ -113,7 +115,9 @@ pub(super) fn peak_sites(exec: &mut Executor<'_>, iteration: &mut Iteration<'_>,
     tracker.stop_watching_peak();
     tracker.stop_recording();
     tracker.clear_recorded();
+    let naming = Instant::now();
     let sites = attribution::attribute(&alive_at_peaks, count, &sites_root(exec));
+    exec.time.attribution_naming = naming.elapsed();
     exec.time.attribution = started.elapsed();
     exec.time.sampling = sampling_before;
     sites

@@ -146,6 +146,7 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "prewarm_canaries": time.prewarm_parts.canaries.as_secs_f64(),
         "sampling": time.sampling.as_secs_f64(),
         "attribution": time.attribution.as_secs_f64(),
+        "attribution_naming": time.attribution_naming.as_secs_f64(),
         "report_writing": report_writing.as_secs_f64(),
         "other": other.as_secs_f64(),
     })

@@ -206,6 +206,10 @@ pub struct HarnessTime {
     /// Attribution, where it ran: its iterations with a stack captured for
     /// every allocation, then grouping and symbolising the survivors.
     pub attribution: Duration,
+    /// Of `attribution`, grouping the survivors by site and naming their
+    /// frames (the rest is its iterations).
+    #[serde(default)]
+    pub attribution_naming: Duration,
 }
 
 /// The parts of a leak test's prewarm, each wall time on the test's thread.
