@@ -300,7 +300,16 @@ void* torch_cuda_function(const char* mangled) {
 // getCUDABlasLtWorkspace), on the thread's current device and stream. No
 // kernel runs, so no GEMM kernel is loaded that the test may never use.
 // False where one of them is missing.
-bool ready_blas_on_this_thread() {
+bool ready_blas_on_this_thread(int32_t device) {
+  // The getters warn on stderr ("no current CUDA context") on a thread
+  // that has launched nothing yet, as autograd's worker has not here: the
+  // device's primary context is made current first, as a thread's first
+  // launch would (cudaSetDevice does since CUDA 12).
+  using set_device_fn = int (*)(int);
+  static auto set_device = reinterpret_cast<set_device_fn>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  if (set_device == nullptr || set_device(device) != 0) {
+    return false;
+  }
   using no_argument_fn = void* (*)();
   // 2.12 added `bool setup = true`, which changed the mangled name.
   using with_setup_fn = void* (*)(bool);
@@ -342,14 +351,15 @@ char* glt_cuda_clear_cublas_workspaces(int* available) {
 // thread for the device (started here if it was not), which runs the
 // backward's matmuls. The worker is reached by a backward through a view,
 // which runs no kernel, with a hook on the view's gradient. *ready is 0
-// where libtorch lacks one of the functions: the caller then prewarms
-// through a matmul and its backward.
+// where libtorch lacks one of the functions, or CUDA's runtime its
+// cudaSetDevice: the caller then prewarms through a matmul and its
+// backward.
 char* glt_cuda_ready_blas(int32_t device, int* ready) {
   return guarded([&] {
     *ready = 0;
     c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
     c10::DeviceGuard guard(on);
-    if (!ready_blas_on_this_thread()) {
+    if (!ready_blas_on_this_thread(device)) {
       return;
     }
     at::AutoGradMode grad_mode(true);
@@ -357,7 +367,7 @@ char* glt_cuda_ready_blas(int32_t device, int* ready) {
     at::Tensor leaf = at::empty({1}, options).requires_grad_(true);
     at::Tensor view = leaf.view({1});
     std::atomic<bool> ready_there{false};
-    view.register_hook([&ready_there](const at::Tensor&) { ready_there = ready_blas_on_this_thread(); });
+    view.register_hook([&ready_there, device](const at::Tensor&) { ready_there = ready_blas_on_this_thread(device); });
     torch::autograd::grad({view}, {leaf}, {at::empty({1}, options)});
     *ready = ready_there ? 1 : 0;
   });
