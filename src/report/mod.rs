@@ -226,10 +226,11 @@ pub struct PrewarmParts {
     pub libtorch_check: Duration,
     /// CUDA's one-time state outside the measurement: the device's context,
     /// cuBLAS handles and workspace, autograd's device thread; NVML's
-    /// start-up runs beside them.
+    /// start-up and CUPTI's subscription run beside them.
     pub cuda_state: Duration,
     /// Opening the sources: the counting CPU allocator, the CUDA trace
-    /// tracker, CUPTI's callbacks on the driver, the per-thread hook.
+    /// tracker, CUPTI's callbacks on the driver (subscribed here where the
+    /// one-time state did not), the per-thread hook.
     pub sources: Duration,
     /// Every layer's canary.
     pub canaries: Duration,
