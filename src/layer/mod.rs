@@ -188,6 +188,12 @@ impl Layer {
     pub(crate) fn after_attribution(self, leak: &Leak, found: &Attributed) -> Verdict {
         self.home().0.after_attribution(leak, found)
     }
+
+    /// Iterations a block of it may outlive its own, freed late by another
+    /// thread, and still be state replaced every iteration.
+    pub(crate) fn iterations_a_free_may_lag(self) -> u32 {
+        self.home().0.iterations_a_free_may_lag()
+    }
 }
 
 /// What a layer's home provides: what the layer is, for a reader, and how
@@ -238,6 +244,11 @@ pub(crate) trait Home: Sync {
     /// every layer shares (`verdict::after_attribution`).
     fn after_attribution(&self, leak: &Leak, found: &Attributed) -> Verdict {
         crate::verdict::after_attribution(leak, found.replaced, found.suppressed_per_iteration, found.window, found.threshold_bytes)
+    }
+    /// Iterations a block may outlive its own and still be replaced state:
+    /// by default none, a block alive after the next iteration is kept.
+    fn iterations_a_free_may_lag(&self) -> u32 {
+        0
     }
 }
 

@@ -171,19 +171,28 @@ impl Judge {
         // (a map that rehashes now and then): they set no iteration count.
         let host = self.host_objects();
         let tensors_leak = leaking.iter().any(|&d| Some(d) != host);
-        let leaks: Vec<&Leak> =
-            leaking.iter().filter(|&&d| !(tensors_leak && Some(d) == host)).filter_map(|&d| self.leak(d)).collect();
+        let leaks: Vec<(usize, &Leak)> =
+            leaking.iter().filter(|&&d| !(tensors_leak && Some(d) == host)).filter_map(|&d| Some((d, self.leak(d)?))).collect();
         // Enough iterations that a leak every k-th iteration leaves a
-        // survivor before the last one.
-        let widest_gap = leaks
+        // survivor before the last one, and before the last its layer's
+        // late frees could still be holding.
+        let needed = leaks
             .iter()
-            .flat_map(|leak| leak.growing_iterations.windows(2).map(|w| w[1] - w[0]))
-            .chain(leaks.iter().filter_map(|leak| leak.drift.map(|(period, _)| period)))
+            .map(|&(d, leak)| {
+                let widest_gap = leak
+                    .growing_iterations
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .chain(leak.drift.map(|(period, _)| period))
+                    .max()
+                    .unwrap_or(1);
+                widest_gap + 1 + self.layers[d].iterations_a_free_may_lag()
+            })
             .max()
-            .unwrap_or(1);
-        let mut count = least.max(widest_gap + 1);
+            .unwrap_or(2);
+        let mut count = least.max(needed);
         let host_objects_leak = !tensors_leak && host.is_some_and(|h| self.leak(h).is_some());
-        if host_objects_leak || leaks.iter().any(|leak| leak.drift.is_none()) {
+        if host_objects_leak || leaks.iter().any(|(_, leak)| leak.drift.is_none()) {
             // Growth with no exact pattern, or host objects (whose patterns
             // attribution must back): enough iterations to follow each site
             // (see verdict::growth_evidence).
@@ -219,7 +228,7 @@ impl Judge {
                 self.verdicts[d] = (evidence.cannot_measure)(d, leak.bytes_per_iteration);
                 continue;
             }
-            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on), &levels);
+            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on, on.iterations_a_free_may_lag()), &levels);
             let found = Attributed {
                 replaced: growth.is_none(),
                 trough_rose: evidence.samples.trough_rose_during_attribution(d),
