@@ -107,11 +107,12 @@ impl Attribution {
         self.sites.iter().map(|s| s.survivors.bytes).sum()
     }
 
-    /// True when something allocated in `layer` more than `late_frees`
-    /// iterations before the last attribution iteration is still alive:
-    /// memory kept across iterations, the mark of a leak. `late_frees` is
-    /// how many iterations another thread may take to free a block of it.
-    pub fn kept_across_iterations(&self, layer: Layer, late_frees: u32) -> bool {
+    /// True when something allocated in `layer` before the last attribution
+    /// iteration is still alive, beyond the iterations another thread may
+    /// take to free a block of it (its home says how many): memory kept
+    /// across iterations, the mark of a leak.
+    pub fn kept_across_iterations(&self, layer: Layer) -> bool {
+        let late_frees = layer.iterations_a_free_may_lag();
         self.sites
             .iter()
             .filter(|s| s.layer == layer)
@@ -352,20 +353,19 @@ mod tests {
     fn a_host_object_freed_one_iteration_late_is_not_kept_but_what_piles_up_is() {
         let found = |layer, iterations: &[u32]| Attribution { iterations: 10, sites: vec![survivors_from(layer, iterations)] };
         let host = Layer::HostObjects;
-        let lag = host.iterations_a_free_may_lag();
-        assert_eq!(lag, 1);
+        assert_eq!(host.iterations_a_free_may_lag(), 1);
         // autograd's worker dropped the last two GraphTasks after the sample.
-        assert!(!found(host, &[9, 10]).kept_across_iterations(host, lag));
-        assert!(!found(host, &[10]).kept_across_iterations(host, lag));
+        assert!(!found(host, &[9, 10]).kept_across_iterations(host));
+        assert!(!found(host, &[10]).kept_across_iterations(host));
         // Every iteration, or every other: a leak's survivors reach further back.
-        assert!(found(host, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).kept_across_iterations(host, lag));
-        assert!(found(host, &[2, 4, 6, 8, 10]).kept_across_iterations(host, lag));
-        assert!(found(host, &[8]).kept_across_iterations(host, lag));
+        assert!(found(host, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).kept_across_iterations(host));
+        assert!(found(host, &[2, 4, 6, 8, 10]).kept_across_iterations(host));
+        assert!(found(host, &[8]).kept_across_iterations(host));
         // Tensors are freed before the sample: one iteration late is kept.
         let tensors = Layer::Tensors(Device::Cpu);
         assert_eq!(tensors.iterations_a_free_may_lag(), 0);
-        assert!(found(tensors, &[9, 10]).kept_across_iterations(tensors, 0));
-        assert!(!found(tensors, &[10]).kept_across_iterations(tensors, 0));
+        assert!(found(tensors, &[9, 10]).kept_across_iterations(tensors));
+        assert!(!found(tensors, &[10]).kept_across_iterations(tensors));
     }
 
     fn frame(function: &str, file: Option<&str>) -> Frame {

@@ -228,7 +228,7 @@ impl Judge {
                 self.verdicts[d] = (evidence.cannot_measure)(d, leak.bytes_per_iteration);
                 continue;
             }
-            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on, on.iterations_a_free_may_lag()), &levels);
+            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on), &levels);
             let found = Attributed {
                 replaced: growth.is_none(),
                 trough_rose: evidence.samples.trough_rose_during_attribution(d),
