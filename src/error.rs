@@ -10,7 +10,8 @@ pub enum Error {
     NoCudaDevice { reason: String },
     /// `cuda:N` where the process sees `count` devices.
     NoSuchCudaDevice { index: usize, count: usize },
-    /// A libtorch call threw; `call` names the shim entry point.
+    /// A libtorch call threw; `call` names the shim entry point, or the
+    /// harness's own tensor call.
     Libtorch { call: &'static str, message: String },
     /// The allocation hook could not be installed or removed.
     Hook { message: String },

@@ -174,7 +174,7 @@ impl Counting for Counted {
     /// `Ok` is one CPU tensor's records, which the protocol uses to tell a
     /// tensor leak's own records from a kept graph.
     fn prove(&mut self, proof: Proof<'_>) -> Result<i64, String> {
-        let added = super::canary_tensor(Device::Cpu, RECORDS_CANARY_BYTES, || self.level(proof.tracker))
+        let added = super::canary_tensor(Device::Cpu, RECORDS_CANARY_BYTES, || self.level(proof.tracker))?
             .ok_or_else(|| self.blind_reason())?;
         self.reset_peak(proof.tracker);
         Ok(added)

@@ -351,23 +351,29 @@ pub(crate) const CANARY_BYTES: i64 = 512;
 /// Allocates and frees a canary tensor on `device` (on this thread) and
 /// returns what `level` rose by, where it rose and fell by at least
 /// `least`: up to three tries, as another thread's allocation in between
-/// can hide it once.
-pub(crate) fn canary_tensor(device: Device, least: i64, level: impl Fn() -> i64) -> Option<i64> {
+/// can hide it once. `Ok(None)`: the source missed it; `Err`: libtorch
+/// could not allocate it (a full device), which is not the source's fault.
+pub(crate) fn canary_tensor(device: Device, least: i64, level: impl Fn() -> i64) -> Result<Option<i64>, String> {
     let sync = || {
         if let Device::Cuda(index) = device {
             let _ = crate::probe::cuda::synchronize(index);
         }
     };
-    (0..3).find_map(|_| {
+    for _ in 0..3 {
         let before = level();
-        let canary = tch::Tensor::zeros([CANARY_BYTES / 4], (tch::Kind::Float, device));
+        let canary = tch::Tensor::f_zeros([CANARY_BYTES / 4], (tch::Kind::Float, device)).map_err(|e| {
+            format!("before the body ran, a {CANARY_BYTES} B canary tensor could not be allocated on {}: {e}", device_name(device))
+        })?;
         sync();
         let with = level();
         drop(canary);
         sync();
         let after = level();
-        (with - before >= least && with - after >= least).then_some(with - before)
-    })
+        if with - before >= least && with - after >= least {
+            return Ok(Some(with - before));
+        }
+    }
+    Ok(None)
 }
 
 impl From<Device> for Layer {

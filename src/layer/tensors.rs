@@ -339,7 +339,7 @@ impl Counted {
         if self.source == Source::CudaAllocatorCalls {
             crate::probe::driver::count_cuda_allocator_calls();
         }
-        let added = super::canary_tensor(self.device, CANARY_BYTES, || self.level(proof.tracker))
+        let added = super::canary_tensor(self.device, CANARY_BYTES, || self.level(proof.tracker))?
             .ok_or_else(|| self.blind_reason(proof.coverage))?;
         self.reset_peak(proof.tracker);
         match (self.source, proof.body) {

@@ -372,7 +372,8 @@ pub fn prewarm(index: usize) -> Result<()> {
     let bit = 1u64 << index.min(63);
     if CONTEXTS.load(Ordering::Relaxed) & bit == 0 {
         let started = Instant::now();
-        drop(tch::Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cuda(index))));
+        let context = tch::Tensor::f_zeros([1], (tch::Kind::Float, tch::Device::Cuda(index)));
+        drop(context.map_err(|e| torch_error("the device's first tensor", e))?);
         synchronize(index)?;
         add_startup(started);
         CONTEXTS.fetch_or(bit, Ordering::Relaxed);
@@ -381,18 +382,24 @@ pub fn prewarm(index: usize) -> Result<()> {
     // SAFETY: plain argument and out-parameter.
     ffi::check("glt_cuda_ready_blas", unsafe { ffi::glt_cuda_ready_blas(device, &mut ready) })?;
     if ready == 0 {
-        prewarm_through_a_matmul(index);
+        prewarm_through_a_matmul(index).map_err(|e| torch_error("a prewarming matmul", e))?;
     }
     synchronize(index)
 }
 
 /// The same state through what makes it in a body, where libtorch lacks
-/// the functions that make it directly.
-fn prewarm_through_a_matmul(index: usize) {
+/// the functions that make it directly. Fallible calls only: a full device
+/// is the body's to report, not a panic in the harness.
+fn prewarm_through_a_matmul(index: usize) -> std::result::Result<(), tch::TchError> {
     let options = (tch::Kind::Float, tch::Device::Cuda(index));
-    let weight = tch::Tensor::ones([16, 16], options).set_requires_grad(true);
-    let bias = tch::Tensor::zeros([16], options).set_requires_grad(true);
-    let input = tch::Tensor::ones([16, 16], options);
-    let output = input.linear(&weight, Some(&bias)).matmul(&weight);
-    output.sum(tch::Kind::Float).backward();
+    let weight = tch::Tensor::f_ones([16, 16], options)?.f_requires_grad_(true)?;
+    let bias = tch::Tensor::f_zeros([16], options)?.f_requires_grad_(true)?;
+    let input = tch::Tensor::f_ones([16, 16], options)?;
+    let output = input.f_linear(&weight, Some(&bias))?.f_matmul(&weight)?;
+    output.f_sum(tch::Kind::Float)?.f_backward()
+}
+
+/// libtorch's error in one of the harness's own tensor calls.
+fn torch_error(call: &'static str, e: tch::TchError) -> Error {
+    Error::Libtorch { call, message: e.to_string() }
 }
