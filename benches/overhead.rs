@@ -30,8 +30,9 @@
 //! Sections can be named to run only them: `overhead --bench heavy step`
 //! (the names are in `SECTIONS`); `--runs=10000` sets the clean runs of the
 //! false-alarm section, and each false alarm prints its seed and report;
-//! `--rounds=N` sets the step sections' rounds, and `--counting-only` runs
-//! only the counting target's variants there, so many rounds fit.
+//! `--rounds=N` sets the step sections' rounds, `--round-seconds=S` how long
+//! each variant runs per round (0.3 s), and `--counting-only` runs only the
+//! counting target's variants there, so many rounds fit.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -47,6 +48,8 @@ use tch::{Device, Kind, Tensor};
 #[derive(Clone, Copy)]
 struct Scale {
     rounds: usize,
+    /// Seconds each variant runs per round, and the most steps that takes.
+    round_seconds: f64,
     steps_per_round: usize,
     false_alarm_runs: usize,
     captures: usize,
@@ -54,8 +57,8 @@ struct Scale {
     old_reports: usize,
 }
 
-const FULL: Scale = Scale { rounds: 21, steps_per_round: 40, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
-const SMOKE: Scale = Scale { rounds: 2, steps_per_round: 2, false_alarm_runs: 8, captures: 20, old_reports: 40 };
+const FULL: Scale = Scale { rounds: 21, round_seconds: 0.3, steps_per_round: 40, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
+const SMOKE: Scale = Scale { rounds: 2, round_seconds: 0.3, steps_per_round: 2, false_alarm_runs: 8, captures: 20, old_reports: 40 };
 
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
@@ -324,10 +327,10 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     for &variant in variants {
         time_variant(step, device, variant, 3);
     }
-    // Rounds of about 0.3 s per variant: enough steps to average over, few
-    // enough that a slow step (the CPU's LSTM) does not take minutes.
+    // Rounds of about 0.3 s per variant by default: enough steps to average
+    // over, few enough that a slow step (the CPU's LSTM) does not take minutes.
     let estimate = time_variant(step, device, Variant::Plain, 3);
-    let steps_per_round = ((0.3 / estimate).round() as usize).max(3).min(scale.steps_per_round);
+    let steps_per_round = ((scale.round_seconds / estimate).round() as usize).max(3).min(scale.steps_per_round);
     let (events, process_events, host_events) = events_per_step(step, device);
     let mut plain_times = Vec::new();
     let mut ratios = vec![Vec::new(); variants.len() - 1];
@@ -785,7 +788,15 @@ fn main() {
     // than a target's margin.
     let rounds = args.iter().find_map(|a| a.strip_prefix("--rounds=")?.parse::<usize>().ok());
     let chosen = if full { &FULL } else { &SMOKE };
-    let scale = &Scale { rounds: rounds.unwrap_or(chosen.rounds), ..*chosen };
+    // `--round-seconds=S`: longer rounds, where single steps move more than
+    // the variants differ (a host-bound CUDA step).
+    let round_seconds = args.iter().find_map(|a| a.strip_prefix("--round-seconds=")?.parse::<f64>().ok());
+    let scale = &Scale {
+        rounds: rounds.unwrap_or(chosen.rounds),
+        round_seconds: round_seconds.unwrap_or(chosen.round_seconds),
+        steps_per_round: if round_seconds.is_some() && full { 10_000 } else { chosen.steps_per_round },
+        ..*chosen
+    };
     // `--runs=N`: how many clean runs the false-alarm section makes.
     let false_alarm_runs = args.iter().find_map(|a| a.strip_prefix("--runs=")?.parse::<usize>().ok());
     // `--counting-only`: the step sections run only the counting target's
