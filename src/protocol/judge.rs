@@ -176,20 +176,8 @@ impl Judge {
         // Enough iterations that a leak every k-th iteration leaves a
         // survivor before the last one, and before the last its layer's
         // late frees could still be holding.
-        let needed = leaks
-            .iter()
-            .map(|&(d, leak)| {
-                let widest_gap = leak
-                    .growing_iterations
-                    .windows(2)
-                    .map(|w| w[1] - w[0])
-                    .chain(leak.drift.map(|(period, _)| period))
-                    .max()
-                    .unwrap_or(1);
-                widest_gap + 1 + self.layers[d].iterations_a_free_may_lag()
-            })
-            .max()
-            .unwrap_or(2);
+        let needed =
+            leaks.iter().map(|&(d, leak)| survivor_iterations(leak) + self.layers[d].iterations_a_free_may_lag()).max().unwrap_or(2);
         let mut count = least.max(needed);
         let host_objects_leak = !tensors_leak && host.is_some_and(|h| self.leak(h).is_some());
         if host_objects_leak || leaks.iter().any(|(_, leak)| leak.drift.is_none()) {
@@ -199,6 +187,23 @@ impl Judge {
             count = count.max(verdict::REPLACED_STATE_ITERATIONS);
         }
         Some(count)
+    }
+
+    /// The iterations of a pass that records host objects beside a tensor
+    /// leak, from the first pass's `count`: host objects follow the
+    /// tensors' pattern, and their own rule, which judges them after, needs
+    /// their late frees' iteration on top.
+    pub(super) fn iterations_with_host_objects_beside(&self, count: u32) -> u32 {
+        let Some(host) = self.host_objects() else { return count };
+        let tensors = self
+            .judged()
+            .into_iter()
+            .filter(|&d| d != host)
+            .filter_map(|d| self.leak(d))
+            .map(survivor_iterations)
+            .max()
+            .unwrap_or(0);
+        count.max(tensors + self.layers[host].iterations_a_free_may_lag())
     }
 
     /// Rule 3: each leak judged again by its layer's rule on what
@@ -315,6 +320,14 @@ pub(super) struct AttributionEvidence<'a> {
     pub(super) cannot_measure: &'a dyn Fn(usize, f64) -> Verdict,
 }
 
+/// Iterations enough that a leak every k-th iteration leaves a survivor
+/// before the last one.
+fn survivor_iterations(leak: &Leak) -> u32 {
+    let widest_gap =
+        leak.growing_iterations.windows(2).map(|w| w[1] - w[0]).chain(leak.drift.map(|(period, _)| period)).max().unwrap_or(1);
+    widest_gap + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::samples::script::scripted;
@@ -375,6 +388,26 @@ mod tests {
         assert_eq!(judge.verdict_layer(false), 1);
         assert_eq!(judge.verdict_layer(true), 0);
         assert_eq!(judge.host_objects_unexplained(), Some(Note::HostObjectsUnexplained { bytes_per_iteration: 300 }));
+    }
+
+    #[test]
+    fn host_objects_recorded_beside_a_tensor_leak_every_other_iteration_get_their_late_frees_iteration_too() {
+        let samples = scripted(
+            1,
+            &[&[0, 0], &[64, 300], &[64, 300], &[128, 600], &[128, 600], &[192, 900], &[192, 900], &[256, 1200], &[256, 1200]],
+        );
+        let mut judge = judge();
+        judge.set_used(vec![true, true]);
+        judge.decide_window(&samples);
+        let Verdict::Leak(tensors) = &judge.verdicts[0] else { panic!("{:?}", judge.verdicts[0]) };
+        assert_eq!(tensors.drift.map(|(period, _)| period), Some(2), "{tensors:?}");
+        assert!(matches!(judge.verdicts[1], Verdict::Leak(_)));
+        // The tensors' gap of 2 and one more; a pass that records the host
+        // objects beside them adds their late frees' iteration.
+        assert_eq!(judge.attribution_iterations_needed(3), Some(3));
+        assert_eq!(judge.iterations_with_host_objects_beside(3), 4);
+        // Where the first pass already ran as many, none is added.
+        assert_eq!(judge.iterations_with_host_objects_beside(5), 5);
     }
 
     #[test]

@@ -326,7 +326,8 @@ fn attribute_and_judge(
         exec.samples.truncate(samples);
         exec.notes.truncate(notes);
         let recorded = attribute::Recorded { host_objects: true, ..recorded };
-        attribute_once(exec, judge, findings, iteration, Pass { recorded, ..pass });
+        let count = judge.iterations_with_host_objects_beside(count);
+        attribute_once(exec, judge, findings, iteration, Pass { recorded, count, ..pass });
     }
 }
 
