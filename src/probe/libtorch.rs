@@ -72,16 +72,19 @@ fn compare(built: &str, folder: Option<&str>) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn folder_with(file: &str, text: &str) -> std::path::PathBuf {
-        let root = std::env::temp_dir().join(format!("glt-libtorch-{}-{file}-{}", std::process::id(), text.len()));
-        std::fs::create_dir_all(root.join("lib")).unwrap();
-        std::fs::write(root.join(file), text).unwrap();
-        root.join("lib")
+    /// An install's folder holding `file` (removed when the guard drops, as
+    /// the test ends) and its `lib` folder.
+    fn folder_with(file: &str, text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let root = tempfile::Builder::new().prefix("gpu-leak-test-libtorch-").tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("lib")).unwrap();
+        std::fs::write(root.path().join(file), text).unwrap();
+        let lib = root.path().join("lib");
+        (root, lib)
     }
 
     #[test]
     fn a_pytorch_install_of_the_same_minor_release_is_accepted_whatever_its_local_tag() {
-        let lib = folder_with("version.py", "__version__ = '2.11.0+cu130'\ngit_version = 'x'\n");
+        let (_root, lib) = folder_with("version.py", "__version__ = '2.11.0+cu130'\ngit_version = 'x'\n");
         assert_eq!(version_beside(&lib).as_deref(), Some("2.11.0"));
         assert_eq!(compare("2.11.0", lib.to_str()), Ok(()));
         assert_eq!(compare("2.11.1", lib.to_str()), Ok(()));
@@ -89,7 +92,7 @@ mod tests {
 
     #[test]
     fn another_minor_release_is_refused_naming_both_versions_and_the_folder() {
-        let lib = folder_with("build-version", "2.13.0+cpu\n");
+        let (_root, lib) = folder_with("build-version", "2.13.0+cpu\n");
         let error = compare("2.11.0", lib.to_str()).unwrap_err();
         assert!(error.contains("built against libtorch 2.11.0") && error.contains("loaded libtorch 2.13.0"), "{error}");
         assert!(error.contains(lib.to_str().unwrap()) && error.contains("LD_LIBRARY_PATH"), "{error}");

@@ -465,11 +465,9 @@ mod tests {
         }
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("gpu-leak-test-index-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A folder of the test's own, removed as the test ends, pass or fail.
+    fn scratch() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("gpu-leak-test-index-").tempdir().unwrap()
     }
 
     #[test]
@@ -487,13 +485,14 @@ mod tests {
 
     #[test]
     fn rows_are_appended_until_the_rows_file_doubles_then_compacted_to_one_per_report() {
-        let dir = scratch("compaction");
+        let dir = scratch();
+        let dir = dir.path();
         // 20 reports rewritten run after run: the files stay within twice
         // their compacted size plus the slack.
         let mut largest = 0;
         for run in 0..400 {
             for test in 0..20 {
-                add_row(&dir, row(&format!("test_{test:02}"), &format!("run{run}"), run)).unwrap();
+                add_row(dir, row(&format!("test_{test:02}"), &format!("run{run}"), run)).unwrap();
             }
             largest = largest.max(std::fs::metadata(dir.join("index.rows")).unwrap().len());
         }
@@ -508,17 +507,20 @@ mod tests {
 
     #[test]
     fn a_page_of_an_older_format_is_rendered_whole_on_the_next_row() {
-        let dir = scratch("older_format");
+        let dir = scratch();
+        let dir = dir.path();
         std::fs::write(dir.join("index.html"), "<!doctype html>\n<table><tr><td>older-format-row</td></tr></table>\n").unwrap();
-        add_row(&dir, row("new", "1", 1)).unwrap();
+        add_row(dir, row("new", "1", 1)).unwrap();
         let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
         assert!(page.contains(PAGE_MARK) && !page.contains("older-format-row") && page.contains("1 tests"), "{page}");
     }
 
     #[test]
     fn a_merge_refuses_a_stem_that_is_a_path_and_writes_nothing_outside_its_folder() {
-        let (input, out) = (scratch("merge_hostile_in"), scratch("merge_hostile_out"));
-        let victim = out.parent().unwrap().join("merge_hostile_victim.json");
+        let root = scratch();
+        let (input, out) = (root.path().join("in"), root.path().join("out"));
+        std::fs::create_dir_all(&input).unwrap();
+        let victim = root.path().join("merge_hostile_victim.json");
         std::fs::write(&victim, "keep me").unwrap();
         add_row(&input, row("fine", "1", 1)).unwrap();
         for stem in ["../merge_hostile_victim", "/tmp/merge_hostile_victim", "..", ".hidden", "a/b", ""] {
@@ -535,14 +537,15 @@ mod tests {
 
     #[test]
     fn a_merge_keeps_each_row_s_baseline_change() {
-        let (a, b, out) = (scratch("merge_baseline_a"), scratch("merge_baseline_b"), scratch("merge_baseline_out"));
+        let (a, b, out) = (scratch(), scratch(), scratch());
+        let (a, b, out) = (a.path().to_path_buf(), b.path().to_path_buf(), out.path());
         let mut over = row("x", "1", 1);
         over.figures.baseline = Some("over: cuda:0 iteration peak +40000 B (+10.0%)".into());
         add_row(&a, over).unwrap();
         let mut pending = row("y", "2", 2);
         pending.figures.baseline = Some("pending".into());
         add_row(&b, pending).unwrap();
-        merge_into(&out, &[a, b]).unwrap();
+        merge_into(out, &[a, b]).unwrap();
         let merged = read_rows(&out.join("index.rows")).unwrap();
         let baselines: Vec<Option<&str>> = merged.iter().map(|r| r.figures.baseline.as_deref()).collect();
         assert_eq!(baselines, [Some("over: cuda:0 iteration peak +40000 B (+10.0%)"), Some("pending")]);
