@@ -76,6 +76,26 @@ impl DeviceChoice {
     }
 }
 
+impl DeviceChoice {
+    /// Whether a test with this choice may start CUDA on this machine, told
+    /// without starting it (which takes libtorch's CUDA library and the
+    /// driver: hundreds of milliseconds, in a process that may measure
+    /// nothing). A wrong yes costs a wait, never a verdict.
+    pub(crate) fn may_start_cuda(self) -> bool {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let driver = ["/dev/nvidiactl", "/dev/dxg"].iter().any(|node| std::path::Path::new(node).exists());
+        self.may_start_cuda_where(visible.as_deref(), driver)
+    }
+
+    /// [`DeviceChoice::may_start_cuda`]'s rule: not on the CPU, not where
+    /// `CUDA_VISIBLE_DEVICES` hides every device, and only with NVIDIA's
+    /// driver present (its device nodes; `/dev/dxg` under WSL).
+    fn may_start_cuda_where(self, cuda_visible_devices: Option<&str>, driver_present: bool) -> bool {
+        let all_hidden = cuda_visible_devices.is_some_and(|v| matches!(v.trim(), "" | "-1" | "NoDevFiles"));
+        self != DeviceChoice::Cpu && !all_hidden && driver_present
+    }
+}
+
 /// The CUDA device `auto` picks on a machine with `count` devices: under
 /// cargo nextest, where every test is a process of its own, the test's slot
 /// number (`NEXTEST_TEST_GLOBAL_SLOT`) modulo the count, so a runner's tests
@@ -121,6 +141,17 @@ mod tests {
         assert_eq!(spread(Some(7), 8), 7);
         assert_eq!(spread(Some(5), 1), 0, "one GPU");
         assert_eq!(spread(None, 8), 0, "not under nextest");
+    }
+
+    #[test]
+    fn a_cpu_test_hidden_devices_or_no_driver_never_wait_for_a_cuda_turn() {
+        assert!(DeviceChoice::Auto.may_start_cuda_where(None, true));
+        assert!(DeviceChoice::Cuda(1).may_start_cuda_where(Some("0,1"), true));
+        assert!(!DeviceChoice::Cpu.may_start_cuda_where(None, true));
+        assert!(!DeviceChoice::Auto.may_start_cuda_where(None, false), "no NVIDIA driver");
+        for hidden in ["", "-1", " -1 ", "NoDevFiles"] {
+            assert!(!DeviceChoice::Auto.may_start_cuda_where(Some(hidden), true), "{hidden:?}");
+        }
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl LeakTest {
         let Some(name) = isolation::child_test_name(self.libtest_name.as_deref(), Runner::detect(), thread_scope) else {
             return false;
         };
-        match isolation::run_in_child(&name) {
+        match isolation::run_in_child(&name, settings.device.may_start_cuda()) {
             Ok(Some(ChildOutcome::Passed)) => true,
             Ok(Some(ChildOutcome::Failed(report))) => panic!("{report}"),
             // Not a libtest test of this binary after all (a custom
