@@ -31,8 +31,9 @@
 //! (the names are in `SECTIONS`); `--runs=10000` sets the clean runs of the
 //! false-alarm section, and each false alarm prints its seed and report;
 //! `--rounds=N` sets the step sections' rounds, `--round-seconds=S` how long
-//! each variant runs per round (0.3 s), and `--counting-only` runs only the
-//! counting target's variants there, so many rounds fit.
+//! each variant runs per round (0.3 s), `--block-steps=N` has the variants
+//! take turns every N steps within a round, and `--counting-only` runs only
+//! the counting target's variants there, so many rounds fit.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -51,14 +52,18 @@ struct Scale {
     /// Seconds each variant runs per round, and the most steps that takes.
     round_seconds: f64,
     steps_per_round: usize,
+    /// Steps per block where a round's variants alternate block by block
+    /// (`--block-steps=N`), so the host's drift within the round falls on
+    /// every variant alike; `None`: each variant runs its round in one go.
+    block_steps: Option<usize>,
     false_alarm_runs: usize,
     captures: usize,
     /// Earlier reports in the folder for the index's cost.
     old_reports: usize,
 }
 
-const FULL: Scale = Scale { rounds: 21, round_seconds: 0.3, steps_per_round: 40, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
-const SMOKE: Scale = Scale { rounds: 2, round_seconds: 0.3, steps_per_round: 2, false_alarm_runs: 8, captures: 20, old_reports: 40 };
+const FULL: Scale = Scale { rounds: 21, round_seconds: 0.3, steps_per_round: 40, block_steps: None, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
+const SMOKE: Scale = Scale { rounds: 2, round_seconds: 0.3, steps_per_round: 2, block_steps: None, false_alarm_runs: 8, captures: 20, old_reports: 40 };
 
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
@@ -337,10 +342,18 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let mut per_event_ns = vec![Vec::new(); variants.len() - 1];
     for round in 0..scale.rounds {
         let mut times = vec![0.0; variants.len()];
-        for k in 0..variants.len() {
-            // Rotate the order every round so drift hits every variant alike.
-            let index = (k + round) % variants.len();
-            times[index] = time_variant(step, device, variants[index], steps_per_round);
+        // Blocks of the round's steps, the variants taking turns block by
+        // block (one block of them all by default).
+        let block = scale.block_steps.unwrap_or(steps_per_round).clamp(1, steps_per_round);
+        let blocks = steps_per_round.div_ceil(block);
+        for b in 0..blocks {
+            let steps = block.min(steps_per_round - b * block);
+            for k in 0..variants.len() {
+                // Rotate the order every block and round so drift hits every
+                // variant alike.
+                let index = (k + round + b) % variants.len();
+                times[index] += time_variant(step, device, variants[index], steps) * steps as f64 / steps_per_round as f64;
+            }
         }
         plain_times.push(times[0]);
         for v in 1..variants.len() {
@@ -351,11 +364,15 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let (plain, _, _) = summary(&mut plain_times);
     println!("### {} on {device:?}\n", step.describe());
     println!(
-        "{} rounds of {} steps per variant, variants alternating; plain step {:.3} ms (median); {events} allocator events \
+        "{} rounds of {} steps per variant, variants alternating{}; plain step {:.3} ms (median); {events} allocator events \
          per step (allocations and frees) on the step's threads, {process_events} in the whole process, and \
          {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {}.\n",
         scale.rounds,
         steps_per_round,
+        match scale.block_steps {
+            Some(n) => format!(" in blocks of {} steps", n.clamp(1, steps_per_round)),
+            None => String::new(),
+        },
         plain * 1e3,
         tch::get_num_threads(),
     );
@@ -791,8 +808,13 @@ fn main() {
     // `--round-seconds=S`: longer rounds, where single steps move more than
     // the variants differ (a host-bound CUDA step).
     let round_seconds = args.iter().find_map(|a| a.strip_prefix("--round-seconds=")?.parse::<f64>().ok());
+    // `--block-steps=N`: the variants take turns every N steps within a
+    // round, where the host's speed drifts within a round more than the
+    // variants differ.
+    let block_steps = args.iter().find_map(|a| a.strip_prefix("--block-steps=")?.parse::<usize>().ok());
     let scale = &Scale {
         rounds: rounds.unwrap_or(chosen.rounds),
+        block_steps,
         round_seconds: round_seconds.unwrap_or(chosen.round_seconds),
         steps_per_round: if round_seconds.is_some() && full { 10_000 } else { chosen.steps_per_round },
         ..*chosen
