@@ -83,13 +83,12 @@ impl DeviceChoice {
     /// nothing). A wrong yes costs a wait, never a verdict.
     pub(crate) fn may_start_cuda(self) -> bool {
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let driver = ["/dev/nvidiactl", "/dev/dxg"].iter().any(|node| std::path::Path::new(node).exists());
-        self.may_start_cuda_where(visible.as_deref(), driver)
+        self.may_start_cuda_where(visible.as_deref(), cuda::nvidia_driver_present())
     }
 
     /// [`DeviceChoice::may_start_cuda`]'s rule: not on the CPU, not where
     /// `CUDA_VISIBLE_DEVICES` hides every device, and only with NVIDIA's
-    /// driver present (its device nodes; `/dev/dxg` under WSL).
+    /// driver present.
     fn may_start_cuda_where(self, cuda_visible_devices: Option<&str>, driver_present: bool) -> bool {
         let all_hidden = cuda_visible_devices.is_some_and(|v| matches!(v.trim(), "" | "-1" | "NoDevFiles"));
         self != DeviceChoice::Cpu && !all_hidden && driver_present

@@ -73,7 +73,7 @@ pub enum CublasWorkspaces {
 /// loading libtorch's CUDA library: PyPI's torch wheel is the CUDA build, and
 /// loading it on a CPU-only machine costs each test process about 170 ms (a
 /// gigabyte of CUDA libraries) only to find no device.
-fn nvidia_driver_present() -> bool {
+pub(crate) fn nvidia_driver_present() -> bool {
     let nodes = ["/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia"];
     nodes.iter().any(|path| std::path::Path::new(path).exists()) || {
         // SAFETY: a NUL-terminated name; the handle is kept, since libtorch's
