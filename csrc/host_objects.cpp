@@ -223,12 +223,8 @@ void on_free(void* ptr, size_t usable) {
   reporting = true;
   marks::Mark mark = marks::current(marks::read(ptr, usable));
   if (mark.epoch != 0 || mark.tag != 0) {
-    // The mark is left as it is: operator new writes one on every block it
-    // hands out, so no one reads a freed block's mark. Clearing it cost a
-    // write to the block's last cache line, which is the allocating
-    // thread's: where autograd's device thread frees what the forward made
-    // (on CUDA), that write took the line over, and the next allocation
-    // took it back.
+    // No longer anyone's, should the block be handed out again uncounted.
+    marks::write(ptr, usable, marks::Mark{});
     marks::count(mark, -static_cast<int64_t>(usable));
   }
   // Every hook hears of the free where one counts its blocks itself or
