@@ -74,9 +74,7 @@ impl DeviceChoice {
             DeviceChoice::Auto => Ok(Device::Cpu),
         }
     }
-}
 
-impl DeviceChoice {
     /// Whether a test with this choice may start CUDA on this machine, told
     /// without starting it (which takes libtorch's CUDA library and the
     /// driver: hundreds of milliseconds, in a process that may measure

@@ -523,7 +523,9 @@ mod tests {
         let victim = root.path().join("merge_hostile_victim.json");
         std::fs::write(&victim, "keep me").unwrap();
         add_row(&input, row("fine", "1", 1)).unwrap();
-        for stem in ["../merge_hostile_victim", "/tmp/merge_hostile_victim", "..", ".hidden", "a/b", ""] {
+        // The victim by a relative path from `out`, and by its absolute one.
+        let absolute = root.path().join("merge_hostile_victim").to_string_lossy().into_owned();
+        for stem in ["../merge_hostile_victim", absolute.as_str(), "..", ".hidden", "a/b", ""] {
             let rows = input.join("index.rows");
             let hostile = serde_json::to_string(&IndexRow { stem: stem.into(), ..row("hostile", "1", 2) }).unwrap();
             std::fs::write(&rows, format!("{}\n{hostile}\n", serde_json::to_string(&row("fine", "1", 1)).unwrap())).unwrap();
