@@ -49,10 +49,10 @@ const CHILD_VAR: &str = "GPU_LEAK_TEST_CHILD_RESULT";
 /// Set in a child to the seconds its parent waited before starting it.
 const WAITED_VAR: &str = "GPU_LEAK_TEST_CHILD_WAITED";
 
-/// How many children that may start CUDA one parent runs at once. The
-/// driver starts CUDA in one process at a time: thirteen children starting
-/// together took 2.8 to 4.5 s each on an H200, and their driver calls after
-/// it waited on the others'. With four, and this repository's three
+/// How many children that may start CUDA one parent runs at once.
+/// Start-ups barely overlap: thirteen children starting CUDA together took
+/// 2.8 to 4.5 s each on an H200, where one alone takes about 0.35 s, and
+/// their driver calls after it waited on the others'. With four, and this repository's three
 /// `cargo test` runs one at a time, the suite's slowest leak test under
 /// the native allocator went from 732-945 to 205-257 ms of the harness's
 /// own (benches/RESULTS.md).
