@@ -340,12 +340,12 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let mut plain_times = Vec::new();
     let mut ratios = vec![Vec::new(); variants.len() - 1];
     let mut per_event_ns = vec![Vec::new(); variants.len() - 1];
+    // Blocks of each round's steps, the variants taking turns block by block
+    // (one block of them all by default).
+    let block = scale.block_steps.unwrap_or(steps_per_round).clamp(1, steps_per_round);
+    let blocks = steps_per_round.div_ceil(block);
     for round in 0..scale.rounds {
         let mut times = vec![0.0; variants.len()];
-        // Blocks of the round's steps, the variants taking turns block by
-        // block (one block of them all by default).
-        let block = scale.block_steps.unwrap_or(steps_per_round).clamp(1, steps_per_round);
-        let blocks = steps_per_round.div_ceil(block);
         for b in 0..blocks {
             let steps = block.min(steps_per_round - b * block);
             for k in 0..variants.len() {
@@ -369,10 +369,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
          {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {}.\n",
         scale.rounds,
         steps_per_round,
-        match scale.block_steps {
-            Some(n) => format!(" in blocks of {} steps", n.clamp(1, steps_per_round)),
-            None => String::new(),
-        },
+        if scale.block_steps.is_some() { format!(" in blocks of {block} steps") } else { String::new() },
         plain * 1e3,
         tch::get_num_threads(),
     );
