@@ -52,11 +52,11 @@ const WAITED_VAR: &str = "GPU_LEAK_TEST_CHILD_WAITED";
 /// How many children that may start CUDA one parent runs at once.
 /// Start-ups barely overlap: thirteen children starting CUDA together took
 /// 2.8 to 4.5 s each on an H200, where one alone takes about 0.35 s, and
-/// their driver calls after it waited on the others'. With four, and this repository's three
-/// `cargo test` runs one at a time, the suite's slowest leak test under
-/// the native allocator went from 732-945 to 205-257 ms of the harness's
-/// own (benches/RESULTS.md).
-pub(crate) const CUDA_CHILDREN_AT_ONCE: usize = 4;
+/// their driver calls after it waited on the others'. With four, and this
+/// repository's three `cargo test` runs one at a time, the suite's slowest
+/// leak test under the native allocator went from 732-945 to 205-257 ms of
+/// the harness's own (benches/RESULTS.md).
+const CUDA_CHILDREN_AT_ONCE: usize = 4;
 
 /// How the child's test ended, as it writes it for the parent.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
