@@ -33,7 +33,8 @@
 //! `--rounds=N` sets the step sections' rounds, `--round-seconds=S` how long
 //! each variant runs per round (0.3 s), `--block-steps=N` has the variants
 //! take turns every N steps within a round, and `--counting-only` runs only
-//! the counting target's variants there, so many rounds fit.
+//! the counting target's variants there, so many rounds fit; `--devices=cuda`
+//! (or `cpu`) runs the step sections on that device only, for a profiler.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -828,10 +829,14 @@ fn main() {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         if has_cuda { format!(", {} CUDA device(s)", cuda::device_count()) } else { ", no CUDA".into() }
     );
+    // `--devices=cuda` (or `cpu`): the step sections on that device only, so
+    // a profiler's samples come from one device's step.
+    let only = args.iter().find_map(|a| a.strip_prefix("--devices="));
     let mut devices = vec![Device::Cpu];
     if has_cuda {
         devices.push(Device::Cuda(0));
     }
+    devices.retain(|&device| only.is_none_or(|only| only == if device == Device::Cpu { "cpu" } else { "cuda" }));
     if wanted("step") {
         for &device in &devices {
             step_overhead(&mut MlpStep::new(device), device, scale, variants);
