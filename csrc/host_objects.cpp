@@ -109,7 +109,14 @@ constexpr int kShards = 512;
 constexpr int kShared = kShards - 1;
 Shard shards[kShards];
 std::atomic<int> next_shard{0};
-thread_local int shard_index = -1;
+// This thread's shard, claimed at its first count.
+thread_local Shard* own_shard = nullptr;
+
+__attribute__((noinline)) Shard* claim_shard() {
+  int next = next_shard.fetch_add(1, std::memory_order_relaxed);
+  own_shard = &shards[next < kShared ? next : kShared];
+  return own_shard;
+}
 
 template <typename T>
 inline void bump(std::atomic<T>& counter, T by, bool shared) {
@@ -125,19 +132,17 @@ inline void add(Sums& sums, int64_t bytes, bool shared) {
   bump<uint64_t>(bytes > 0 ? sums.allocations : sums.frees, 1, shared);
 }
 
-// Adds `bytes` (negative for a free) to whoever `mark` names.
-void count(Mark mark, int64_t bytes) {
-  if (shard_index < 0) {
-    int next = next_shard.fetch_add(1, std::memory_order_relaxed);
-    shard_index = next < kShared ? next : kShared;
-  }
-  Shard& shard = shards[shard_index];
-  bool shared = shard_index == kShared;
+// Adds `bytes` (negative for a free) to whoever `mark` names. Inline, with
+// the shard found through one thread-local pointer: this runs for every
+// counted operator new and delete.
+inline void count(Mark mark, int64_t bytes) {
+  Shard* shard = own_shard != nullptr ? own_shard : claim_shard();
+  bool shared = shard == &shards[kShared];
   if (mark.epoch != 0) {
-    add(shard.process, bytes, shared);
+    add(shard->process, bytes, shared);
   }
   if (mark.tag != 0) {
-    add(shard.tags[mark.tag], bytes, shared);
+    add(shard->tags[mark.tag], bytes, shared);
   }
 }
 
@@ -187,8 +192,10 @@ Figures process_baseline;
 // to the process sink's tracker, which keeps the blocks with their stacks.
 std::atomic<bool> recording_sites{false};
 
-// Who counts a block allocated now on this thread, telling them.
-marks::Mark on_allocation(void* ptr, int64_t size) {
+// Who counts a block allocated now on this thread, telling them, where a
+// hook is pushed or attribution records sites. A report may allocate, so
+// this runs under the guard.
+__attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t size) {
   marks::Mark mark;
   if (reporting) {
     return mark;
@@ -216,27 +223,55 @@ marks::Mark on_allocation(void* ptr, int64_t size) {
   return mark;
 }
 
-void on_free(void* ptr, size_t usable) {
+// Who counts a block allocated now on this thread. A passing process-scope
+// test reports nothing, so its count needs no guard: a load of the flag
+// keeps the count from counting blocks a report on this thread allocates.
+inline marks::Mark on_allocation(void* ptr, int64_t size) {
+  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0 || recording_sites.load(std::memory_order_relaxed)) {
+    return on_allocation_reported(ptr, size);
+  }
+  marks::Mark mark;
+  if (reporting) {
+    return mark;
+  }
+  mark.epoch = marks::epoch.load(std::memory_order_relaxed);
+  if (mark.epoch != 0) {
+    marks::count(mark, size);
+  }
+  return mark;
+}
+
+// Reports a free outside the count (rarer, and a report may allocate, so
+// under the guard): to every hook, where one counts its blocks itself or
+// records them, as the block may be any of theirs; and to the process
+// sink's tracker while attribution records sites.
+__attribute__((noinline)) void report_free(void* ptr, bool to_hooks, bool to_process) {
+  reporting = true;
+  if (to_hooks) {
+    glt::report_to_hook(ptr, -1, glt::kHostObjectsDeviceType, -1);
+  }
+  if (to_process) {
+    glt::report_process_event(ptr, -1, glt::kHostObjectsDeviceType, -1);
+  }
+  reporting = false;
+}
+
+inline void on_free(void* ptr, size_t usable) {
   if (reporting) {
     return;
   }
-  reporting = true;
   marks::Mark mark = marks::current(marks::read(ptr, usable));
   if (mark.epoch != 0 || mark.tag != 0) {
     // No longer anyone's, should the block be handed out again uncounted.
     marks::write(ptr, usable, marks::Mark{});
     marks::count(mark, -static_cast<int64_t>(usable));
   }
-  // Every hook hears of the free where one counts its blocks itself or
-  // records them: the block may be any of theirs.
-  if ((mark.tag != 0 && marks::tag_recording[mark.tag].load(std::memory_order_relaxed)) ||
-      glt::untagged_hooks.load(std::memory_order_relaxed) != 0) {
-    glt::report_to_hook(ptr, -1, glt::kHostObjectsDeviceType, -1);
+  bool to_hooks = (mark.tag != 0 && marks::tag_recording[mark.tag].load(std::memory_order_relaxed)) ||
+                  glt::untagged_hooks.load(std::memory_order_relaxed) != 0;
+  bool to_process = mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed);
+  if (to_hooks || to_process) {
+    report_free(ptr, to_hooks, to_process);
   }
-  if (mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed)) {
-    glt::report_process_event(ptr, -1, glt::kHostObjectsDeviceType, -1);
-  }
-  reporting = false;
 }
 
 // The code of libc10_cuda.so, once CUDA is loaded: operator new called from
