@@ -832,6 +832,7 @@ fn main() {
     // `--devices=cuda` (or `cpu`): the step sections on that device only, so
     // a profiler's samples come from one device's step.
     let only = args.iter().find_map(|a| a.strip_prefix("--devices="));
+    assert!(matches!(only, None | Some("cpu" | "cuda")), "--devices= takes cpu or cuda, not {:?}", only.unwrap_or_default());
     let mut devices = vec![Device::Cpu];
     if has_cuda {
         devices.push(Device::Cuda(0));
