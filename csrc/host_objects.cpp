@@ -14,8 +14,9 @@
 // here.
 //
 // Who counted a block is written in the block itself, in 4 bytes past what
-// the caller asked for (see `Mark`). Outside leak tests the cost is that
-// mark's store and a few loads per call. A thread-local flag keeps the
+// the caller asked for (see `Mark`), and a sized delete finds it from the
+// size it is given (see `tail_offset`). Outside leak tests the cost is those
+// two stores and a few loads per call. A thread-local flag keeps the
 // count from counting itself. Left out: what the CUDA caching allocator
 // allocates for its own books (see below).
 #include <malloc.h>
@@ -70,16 +71,58 @@ inline uint32_t address_hash(const void* ptr) {
   return static_cast<uint32_t>((reinterpret_cast<uintptr_t>(ptr) * 0x9E3779B97F4A7C15ull) >> 32);
 }
 
+inline uint32_t load_word(const void* ptr, size_t offset) {
+  uint32_t word = 0;
+  std::memcpy(&word, static_cast<const char*>(ptr) + offset, sizeof(word));
+  return word;
+}
+
+inline void store_word(void* ptr, size_t offset, uint32_t word) {
+  std::memcpy(static_cast<char*>(ptr) + offset, &word, sizeof(word));
+}
+
 inline void write(void* ptr, size_t usable, Mark mark) {
   uint32_t word = ((uint32_t(mark.epoch) << 16) | (uint32_t(mark.tag) << 8) | mark.generation) ^ address_hash(ptr);
-  std::memcpy(static_cast<char*>(ptr) + usable - kMarkBytes, &word, kMarkBytes);
+  store_word(ptr, usable - kMarkBytes, word);
 }
 
 inline Mark read(const void* ptr, size_t usable) {
-  uint32_t word = 0;
-  std::memcpy(&word, static_cast<const char*>(ptr) + usable - kMarkBytes, kMarkBytes);
-  word ^= address_hash(ptr);
+  uint32_t word = load_word(ptr, usable - kMarkBytes) ^ address_hash(ptr);
   return Mark{static_cast<uint16_t>(word >> 16), static_cast<uint8_t>(word >> 8), static_cast<uint8_t>(word)};
+}
+
+// Epochs skip this value, so that no mark reads as a signpost.
+constexpr uint16_t kNoEpoch = 0xFFFF;
+
+// A sized delete knows the caller's bytes, not the block's usable size, and
+// asking malloc for that reads the next chunk's header only after the
+// block's own: a wait dearest on CUDA, where autograd's device thread frees
+// what the forward made (benches/RESULTS.md). So operator new also leaves a signpost right after the caller's bytes, at
+// `tail_offset`, saying how far past it the mark is (the slack, in bytes).
+// Where the slack is 0 the signpost's place is the mark's own; where it is
+// over 255 bytes the signpost says "ask malloc". Its word is the address's
+// hash XOR kSignpostKey XOR the slack: a mark never reads as one, since its
+// top 16 bits are its epoch (never kNoEpoch) under the same hash, and a
+// stale or foreign word passes for one with odds of 2^-24.
+constexpr uint32_t kSignpostKey = uint32_t(kNoEpoch) << 16;
+constexpr uint32_t kMaxSlack = 0xFF;
+
+// Where the signpost of a block of `bytes` caller bytes is: 4-aligned, so it
+// and a mark at the usable size's end are one slot or do not overlap.
+inline size_t tail_offset(size_t bytes) { return ((bytes == 0 ? 1 : bytes) + 3) & ~size_t(3); }
+
+inline void write_signpost(void* ptr, size_t tail, size_t usable) {
+  size_t slack = usable - kMarkBytes - tail;
+  if (slack != 0) {
+    store_word(ptr, tail, address_hash(ptr) ^ kSignpostKey ^ uint32_t(slack <= kMaxSlack ? slack : kMaxSlack + 1));
+  }
+}
+
+// The usable size a sized delete's signpost gives, or 0 where there is none
+// (malloc must be asked).
+inline size_t usable_from_signpost(const void* ptr, size_t tail) {
+  uint32_t slack = load_word(ptr, tail) ^ address_hash(ptr) ^ kSignpostKey;
+  return slack <= kMaxSlack ? tail + kMarkBytes + slack : 0;
 }
 
 // The open observation's epoch, 0 while none is open.
@@ -287,14 +330,16 @@ inline bool from_the_cuda_allocator(void* caller) {
          address < c10_cuda_end.load(std::memory_order_relaxed);
 }
 
-// Every block gets a mark, counted or not: a free must never read a stale
-// one, nor the caller's bytes.
-inline void* marked(void* ptr, void* caller) {
+// Every block gets a mark and a signpost, counted or not: a free must never
+// read a stale one, nor the caller's bytes. The signpost goes first, so
+// that the mark wins should a strange malloc make them overlap.
+inline void* marked(void* ptr, std::size_t bytes, void* caller) {
   size_t usable = malloc_usable_size(ptr);
   marks::Mark mark;
   if (counting() && !from_the_cuda_allocator(caller)) {
     mark = on_allocation(ptr, static_cast<int64_t>(usable));
   }
+  marks::write_signpost(ptr, marks::tail_offset(bytes), usable);
   marks::write(ptr, usable, mark);
   return ptr;
 }
@@ -309,20 +354,36 @@ inline void release(void* ptr) noexcept {
   std::free(ptr);
 }
 
-// Room for the caller's bytes and the mark.
+// A sized delete: the size is the one operator new was given (the
+// standard's rule, [expr.delete]), so the signpost is where it was left.
+inline void release_sized(void* ptr, std::size_t bytes) noexcept {
+  if (ptr == nullptr) {
+    return;
+  }
+  if (counting()) {
+    size_t usable = marks::usable_from_signpost(ptr, marks::tail_offset(bytes));
+    on_free(ptr, usable != 0 ? usable : malloc_usable_size(ptr));
+  }
+  std::free(ptr);
+}
+
+// Room for the caller's bytes, rounded up to the signpost's place, and the
+// mark. The rounding never moves a block to a larger malloc size class:
+// their bounds are multiples of 4 bytes, and this is the least multiple of
+// 4 that holds the caller's bytes and the mark.
 inline std::size_t with_mark(std::size_t bytes) {
-  if (bytes > SIZE_MAX - marks::kMarkBytes) {
+  if (bytes > SIZE_MAX - 2 * marks::kMarkBytes) {
     throw std::bad_alloc();
   }
-  return (bytes == 0 ? 1 : bytes) + marks::kMarkBytes;
+  return marks::tail_offset(bytes) + marks::kMarkBytes;
 }
 
 // The standard's loop: call the new-handler until it gives memory or throws.
 void* allocate(std::size_t bytes, void* caller) {
-  bytes = with_mark(bytes);
+  std::size_t asked = with_mark(bytes);
   for (;;) {
-    if (void* ptr = std::malloc(bytes)) {
-      return marked(ptr, caller);
+    if (void* ptr = std::malloc(asked)) {
+      return marked(ptr, bytes, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -337,11 +398,11 @@ void* allocate_aligned(std::size_t bytes, std::align_val_t alignment, void* call
   if (align < sizeof(void*)) {
     align = sizeof(void*);
   }
-  bytes = with_mark(bytes);
+  std::size_t asked = with_mark(bytes);
   for (;;) {
     void* ptr = nullptr;
-    if (posix_memalign(&ptr, align, bytes) == 0 && ptr != nullptr) {
-      return marked(ptr, caller);
+    if (posix_memalign(&ptr, align, asked) == 0 && ptr != nullptr) {
+      return marked(ptr, bytes, caller);
     }
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -391,14 +452,14 @@ void* operator new[](std::size_t bytes, std::align_val_t alignment, const std::n
 
 void operator delete(void* ptr) noexcept { release(ptr); }
 void operator delete[](void* ptr) noexcept { release(ptr); }
-void operator delete(void* ptr, std::size_t) noexcept { release(ptr); }
-void operator delete[](void* ptr, std::size_t) noexcept { release(ptr); }
+void operator delete(void* ptr, std::size_t bytes) noexcept { release_sized(ptr, bytes); }
+void operator delete[](void* ptr, std::size_t bytes) noexcept { release_sized(ptr, bytes); }
 void operator delete(void* ptr, const std::nothrow_t&) noexcept { release(ptr); }
 void operator delete[](void* ptr, const std::nothrow_t&) noexcept { release(ptr); }
 void operator delete(void* ptr, std::align_val_t) noexcept { release(ptr); }
 void operator delete[](void* ptr, std::align_val_t) noexcept { release(ptr); }
-void operator delete(void* ptr, std::size_t, std::align_val_t) noexcept { release(ptr); }
-void operator delete[](void* ptr, std::size_t, std::align_val_t) noexcept { release(ptr); }
+void operator delete(void* ptr, std::size_t bytes, std::align_val_t) noexcept { release_sized(ptr, bytes); }
+void operator delete[](void* ptr, std::size_t bytes, std::align_val_t) noexcept { release_sized(ptr, bytes); }
 void operator delete(void* ptr, std::align_val_t, const std::nothrow_t&) noexcept { release(ptr); }
 void operator delete[](void* ptr, std::align_val_t, const std::nothrow_t&) noexcept { release(ptr); }
 
@@ -430,7 +491,11 @@ void glt_process_observe_host_objects(int observed) {
   if (observed != 0) {
     process_baseline = figures_of(0);
     // A new epoch: blocks marked in an earlier one are not this one's.
-    last_epoch = static_cast<uint16_t>(last_epoch + 1 == 0 ? 1 : last_epoch + 1);
+    // 0 is "none open", and kNoEpoch keeps marks apart from signposts.
+    last_epoch = static_cast<uint16_t>(last_epoch + 1);
+    if (last_epoch == 0 || last_epoch == kNoEpoch) {
+      last_epoch = 1;
+    }
     epoch.store(last_epoch, std::memory_order_relaxed);
   } else {
     epoch.store(0, std::memory_order_relaxed);

@@ -161,3 +161,64 @@ fn frees_of_tensors_from_before_the_tracker_are_not_counted() {
     drop(new);
     assert_eq!(tracker.view(Device::Cpu).frees, 1);
 }
+
+/// C++ operator new and delete, called by their Itanium names, as
+/// libtorch's compiled code calls them: the shim's replacements.
+mod cxx {
+    use std::ffi::c_void;
+    extern "C" {
+        #[link_name = "_Znwm"]
+        pub fn new(bytes: usize) -> *mut c_void;
+        #[link_name = "_ZnwmSt11align_val_t"]
+        pub fn new_aligned(bytes: usize, align: usize) -> *mut c_void;
+        #[link_name = "_ZdlPv"]
+        pub fn delete(ptr: *mut c_void);
+        #[link_name = "_ZdlPvm"]
+        pub fn delete_sized(ptr: *mut c_void, bytes: usize);
+        #[link_name = "_ZdlPvSt11align_val_t"]
+        pub fn delete_aligned(ptr: *mut c_void, align: usize);
+        #[link_name = "_ZdlPvmSt11align_val_t"]
+        pub fn delete_sized_aligned(ptr: *mut c_void, bytes: usize, align: usize);
+    }
+}
+
+/// A sized delete finds its block's mark from the size it is given, an
+/// unsized one asks malloc: every size, the odd ones whose mark is the
+/// signpost's own place, blocks malloc maps on their own, and aligned ones,
+/// each counted at its usable size and given back to the byte.
+#[test]
+fn host_objects_of_every_size_count_exactly_whichever_delete_frees_them() {
+    use gpu_leak_test::report::Layer;
+    let sizes: Vec<usize> = (0..=1100).chain([4093, 65_536, 200_000, 1 << 21]).collect();
+    let tracker = Tracker::new();
+    let _hook = tracker.enter().unwrap();
+    let before = tracker.layer_view(Layer::HostObjects);
+    let mut blocks = Vec::with_capacity(2 * sizes.len());
+    for (i, &bytes) in sizes.iter().enumerate() {
+        // SAFETY: plain allocations, each freed below by a delete of its form.
+        let (plain, aligned) = unsafe { (cxx::new(bytes), cxx::new_aligned(bytes, 64)) };
+        assert!(!plain.is_null() && !aligned.is_null());
+        blocks.push((plain, bytes, None, i));
+        blocks.push((aligned, bytes, Some(64), i));
+    }
+    // SAFETY: each pointer is a live block from the shim's operator new.
+    let usable: i64 = blocks.iter().map(|&(ptr, ..)| unsafe { libc::malloc_usable_size(ptr) } as i64).sum();
+    let grown = tracker.layer_view(Layer::HostObjects);
+    assert_eq!(grown.live_bytes - before.live_bytes, usable);
+    assert_eq!(grown.allocations - before.allocations, blocks.len() as u64);
+    for &(ptr, bytes, align, i) in &blocks {
+        // SAFETY: each block freed once, with the size and alignment it was
+        // allocated with; a third of them without the size.
+        unsafe {
+            match (align, i % 3 == 0) {
+                (None, true) => cxx::delete(ptr),
+                (None, false) => cxx::delete_sized(ptr, bytes),
+                (Some(align), true) => cxx::delete_aligned(ptr, align),
+                (Some(align), false) => cxx::delete_sized_aligned(ptr, bytes, align),
+            }
+        }
+    }
+    let after = tracker.layer_view(Layer::HostObjects);
+    assert_eq!(after.live_bytes, before.live_bytes, "every block given back to the byte");
+    assert_eq!(after.frees - before.frees, blocks.len() as u64);
+}
