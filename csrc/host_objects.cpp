@@ -125,6 +125,13 @@ inline size_t usable_from_signpost(const void* ptr, size_t tail) {
   return slack <= kMaxSlack ? tail + kMarkBytes + slack : 0;
 }
 
+// Makes a freed block's signpost say "ask malloc": the block's next owner
+// may leave those bytes unwritten, and a delete given a wrong size (undefined
+// behaviour, harmless under glibc) must not find it there.
+inline void clear_signpost(void* ptr, size_t tail) {
+  store_word(ptr, tail, address_hash(ptr) ^ kSignpostKey ^ (kMaxSlack + 1));
+}
+
 // The open observation's epoch, 0 while none is open.
 std::atomic<uint16_t> epoch{0};
 uint16_t last_epoch = 0;
@@ -361,8 +368,14 @@ inline void release_sized(void* ptr, std::size_t bytes) noexcept {
     return;
   }
   if (counting()) {
-    size_t usable = marks::usable_from_signpost(ptr, marks::tail_offset(bytes));
-    on_free(ptr, usable != 0 ? usable : malloc_usable_size(ptr));
+    size_t tail = marks::tail_offset(bytes);
+    size_t usable = marks::usable_from_signpost(ptr, tail);
+    if (usable != 0) {
+      marks::clear_signpost(ptr, tail);
+    } else {
+      usable = malloc_usable_size(ptr);
+    }
+    on_free(ptr, usable);
   }
   std::free(ptr);
 }
