@@ -91,6 +91,10 @@ pub mod internals {
         pub use crate::layer::rust_heap::switch_off_rust_heap;
         pub use crate::layer::tensors::switch_off;
     }
+    /// A layer's canary run on its own, for the tests of the canary.
+    pub mod canaries {
+        pub use crate::layer::rust_heap::rust_heap_canary;
+    }
 }
 #[cfg(not(feature = "internals"))]
 #[path = "."]

@@ -142,3 +142,34 @@ fn each_runner_judges_the_rust_heap_alike() {
         assert_eq!(outcomes(output), first, "{runner} gives other verdicts than cargo test's threads:\n{output}");
     }
 }
+
+/// The Rust heap's canary reads its own thread's count, so other threads
+/// allocating meanwhile (libtest-mimic still spawning its workers beside
+/// the test, on a many-core runner) do not make it blind; switched off,
+/// it still fails.
+#[test]
+fn the_rust_heap_canary_sees_its_block_while_other_threads_allocate() {
+    use gpu_leak_test::internals::canaries::rust_heap_canary;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let stop = AtomicBool::new(false);
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Relaxed) {
+                    drop(std::hint::black_box(vec![0u8; 4096]));
+                }
+            });
+        }
+        let outcomes = (0..300).map(|_| rust_heap_canary()).collect();
+        stop.store(true, Relaxed);
+        outcomes
+    });
+    let blind: Vec<_> = outcomes.iter().filter_map(|outcome| outcome.as_ref().err()).collect();
+    assert!(blind.is_empty(), "{} of {} canaries blind, the first: {}", blind.len(), outcomes.len(), blind[0]);
+    assert!(outcomes.iter().all(|outcome| outcome == &Ok(4096)), "{outcomes:?}");
+
+    gpu_leak_test::internals::switches::switch_off_rust_heap(true);
+    let switched_off = rust_heap_canary();
+    gpu_leak_test::internals::switches::switch_off_rust_heap(false);
+    assert!(switched_off.as_ref().is_err_and(|why| why.contains("switched off")), "{switched_off:?}");
+}
