@@ -97,8 +97,9 @@ constexpr uint16_t kNoEpoch = 0xFFFF;
 // A sized delete knows the caller's bytes, not the block's usable size, and
 // asking malloc for that reads the next chunk's header only after the
 // block's own: a wait dearest on CUDA, where autograd's device thread frees
-// what the forward made (benches/RESULTS.md). So operator new also leaves a signpost right after the caller's bytes, at
-// `tail_offset`, saying how far past it the mark is (the slack, in bytes).
+// what the forward made (benches/RESULTS.md). So operator new also leaves
+// a signpost right after the caller's bytes, at `tail_offset`, saying how
+// far past it the mark is (the slack, in bytes).
 // Where the slack is 0 the signpost's place is the mark's own; where it is
 // over 255 bytes the signpost says "ask malloc". Its word is the address's
 // hash XOR kSignpostKey XOR the slack: a mark never reads as one, since its
