@@ -107,6 +107,10 @@ constexpr uint16_t kNoEpoch = 0xFFFF;
 // stale or foreign word passes for one with odds of 2^-24.
 constexpr uint32_t kSignpostKey = uint32_t(kNoEpoch) << 16;
 constexpr uint32_t kMaxSlack = 0xFF;
+constexpr uint32_t kAskMalloc = kMaxSlack + 1;
+
+// The signpost's word at `ptr` for `slack` (or kAskMalloc).
+inline uint32_t signpost_word(const void* ptr, uint32_t slack) { return address_hash(ptr) ^ kSignpostKey ^ slack; }
 
 // Where the signpost of a block of `bytes` caller bytes is: 4-aligned, so it
 // and a mark at the usable size's end are one slot or do not overlap.
@@ -115,14 +119,14 @@ inline size_t tail_offset(size_t bytes) { return ((bytes == 0 ? 1 : bytes) + 3) 
 inline void write_signpost(void* ptr, size_t tail, size_t usable) {
   size_t slack = usable - kMarkBytes - tail;
   if (slack != 0) {
-    store_word(ptr, tail, address_hash(ptr) ^ kSignpostKey ^ uint32_t(slack <= kMaxSlack ? slack : kMaxSlack + 1));
+    store_word(ptr, tail, signpost_word(ptr, slack <= kMaxSlack ? uint32_t(slack) : kAskMalloc));
   }
 }
 
 // The usable size a sized delete's signpost gives, or 0 where there is none
 // (malloc must be asked).
 inline size_t usable_from_signpost(const void* ptr, size_t tail) {
-  uint32_t slack = load_word(ptr, tail) ^ address_hash(ptr) ^ kSignpostKey;
+  uint32_t slack = load_word(ptr, tail) ^ signpost_word(ptr, 0);
   return slack <= kMaxSlack ? tail + kMarkBytes + slack : 0;
 }
 
@@ -130,7 +134,7 @@ inline size_t usable_from_signpost(const void* ptr, size_t tail) {
 // may leave those bytes unwritten, and a delete given a wrong size (undefined
 // behaviour, harmless under glibc) must not find it there.
 inline void clear_signpost(void* ptr, size_t tail) {
-  store_word(ptr, tail, address_hash(ptr) ^ kSignpostKey ^ (kMaxSlack + 1));
+  store_word(ptr, tail, signpost_word(ptr, kAskMalloc));
 }
 
 // The open observation's epoch, 0 while none is open.
