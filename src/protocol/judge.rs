@@ -139,6 +139,25 @@ impl Judge {
         }
     }
 
+    /// The loop's period, where a judged layer's levels repeat with one (a
+    /// sawtooth: truncated BPTT, gradient accumulation); 1 where none does.
+    fn loop_period(&self) -> u32 {
+        let period = |&d: &usize| match self.verdicts[d] {
+            Verdict::Bounded { period: Some(period), .. } => Some(period),
+            _ => None,
+        };
+        self.judged().iter().filter_map(period).max().unwrap_or(1)
+    }
+
+    /// How many iterations a block of layer `d` may outlive the one that
+    /// allocated it without being kept: its layer's late frees, and a
+    /// sawtooth's rising edge, which keeps what its iterations allocate
+    /// until it falls, `period - 1` iterations later, in every layer that
+    /// follows the loop (host objects follow the tensors).
+    fn iterations_a_block_may_live(&self, d: usize) -> u32 {
+        self.layers[d].iterations_a_free_may_lag() + self.loop_period() - 1
+    }
+
     fn host_objects(&self) -> Option<usize> {
         self.layers.iter().position(|&l| l == Layer::HostObjects)
     }
@@ -175,9 +194,8 @@ impl Judge {
             leaking.iter().filter(|&&d| !(tensors_leak && Some(d) == host)).filter_map(|&d| Some((d, self.leak(d)?))).collect();
         // Enough iterations that a leak every k-th iteration leaves a
         // survivor before the last one, and before the last its layer's
-        // late frees could still be holding.
-        let needed =
-            leaks.iter().map(|&(d, leak)| survivor_iterations(leak) + self.layers[d].iterations_a_free_may_lag()).max().unwrap_or(2);
+        // late frees, or the loop's sawtooth, could still be holding.
+        let needed = leaks.iter().map(|&(d, leak)| survivor_iterations(leak) + self.iterations_a_block_may_live(d)).max().unwrap_or(2);
         let mut count = least.max(needed);
         let host_objects_leak = !tensors_leak && host.is_some_and(|h| self.leak(h).is_some());
         if host_objects_leak || leaks.iter().any(|(_, leak)| leak.drift.is_none()) {
@@ -203,7 +221,7 @@ impl Judge {
             .map(survivor_iterations)
             .max()
             .unwrap_or(0);
-        count.max(tensors + self.layers[host].iterations_a_free_may_lag())
+        count.max(tensors + self.iterations_a_block_may_live(host))
     }
 
     /// Rule 3: each leak judged again by its layer's rule on what
@@ -233,7 +251,7 @@ impl Judge {
                 self.verdicts[d] = (evidence.cannot_measure)(d, leak.bytes_per_iteration);
                 continue;
             }
-            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on), &levels);
+            let growth = verdict::growth_evidence(attribution.kept_across_iterations(on, self.iterations_a_block_may_live(d)), &levels);
             let found = Attributed {
                 replaced: growth.is_none(),
                 trough_rose: evidence.samples.trough_rose_during_attribution(d),
@@ -408,6 +426,28 @@ mod tests {
         assert_eq!(judge.iterations_with_host_objects_beside(3), 4);
         // Where the first pass already ran as many, none is added.
         assert_eq!(judge.iterations_with_host_objects_beside(5), 5);
+    }
+
+    #[test]
+    fn host_objects_beside_a_sawtooth_may_live_until_it_falls_and_attribution_runs_past_that() {
+        // Truncated BPTT as a CPU run measured it: the tensors rise for 3
+        // iterations and fall on the 4th; the host objects follow, some
+        // bytes off at times, and the first backward kept libtorch's
+        // one-time state.
+        let tensors = [4608, 5120, 5632, 6144, 8704, 9216, 9728, 10240, 8704, 9216, 9728, 10240, 8704, 9216, 9728, 10240];
+        let host = [3680, 7216, 9696, 12176, 8040, 10480, 12960, 15440, 8040, 10480, 12960, 15424, 8040, 10480, 12944, 15408];
+        let rows: Vec<[i64; 2]> = tensors.iter().zip(host).map(|(&t, h)| [t, h]).collect();
+        let rows: Vec<&[i64]> = rows.iter().map(|r| &r[..]).collect();
+        let samples = scripted(2, &rows);
+        let mut judge = judge();
+        judge.set_used(vec![true, true]);
+        judge.decide_window(&samples);
+        assert!(matches!(judge.verdicts[0], Verdict::Bounded { period: Some(4), .. }), "{:?}", judge.verdicts[0]);
+        assert!(matches!(judge.verdicts[1], Verdict::Leak(Leak { drift: None, .. })), "{:?}", judge.verdicts[1]);
+        // The sawtooth's last 3 iterations, beside the one late free.
+        assert_eq!(judge.iterations_a_block_may_live(1), 1 + 3);
+        let needed = judge.attribution_iterations_needed(3).unwrap();
+        assert!(needed > 2 * 4, "a leak at every fall leaves a survivor older than the last period: {needed}");
     }
 
     #[test]
