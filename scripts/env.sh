@@ -32,17 +32,18 @@ if [ "$(cat "$(_torch_dir)/version.py" 2>/dev/null | sed -n "s/^__version__ = '\
     echo "gpu-leak-test: installing torch==$TORCH_VERSION into $GPU_LEAK_TEST_VENV (once per machine, about 5 GB)" >&2
     mkdir -p "$_cache_root"
     # Build in a temporary folder and move it into place, so an interrupted
-    # install is never mistaken for a finished one.
+    # install is never mistaken for a finished one. pip keeps no copy of
+    # the wheels (several GB): the environment is the cache.
     _tmp_venv=$(mktemp -d "$_cache_root/.venv-XXXXXX")
     python3 -m venv "$_tmp_venv" &&
-        "$_tmp_venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "$CUDA_CRT" &&
+        "$_tmp_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "torch==$TORCH_VERSION" "$CUDA_CRT" &&
         rm -rf "$GPU_LEAK_TEST_VENV" &&
         mv "$_tmp_venv" "$GPU_LEAK_TEST_VENV" ||
         { echo "gpu-leak-test: installing torch failed; see the pip output above" >&2; rm -rf "$_tmp_venv"; return 1 2>/dev/null || exit 1; }
 fi
 # Caches made before the trace tracker existed lack crt/; add it in place.
 if [ ! -f "$(_torch_dir)/../nvidia/cu13/include/crt/host_defines.h" ]; then
-    "$GPU_LEAK_TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$CUDA_CRT" ||
+    "$GPU_LEAK_TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$CUDA_CRT" ||
         echo "gpu-leak-test: warning: could not install $CUDA_CRT; process scope will not see CUDA" >&2
 fi
 
