@@ -192,10 +192,15 @@ impl Judge {
         let tensors_leak = leaking.iter().any(|&d| Some(d) != host);
         let leaks: Vec<(usize, &Leak)> =
             leaking.iter().filter(|&&d| !(tensors_leak && Some(d) == host)).filter_map(|&d| Some((d, self.leak(d)?))).collect();
-        // Enough iterations that a leak every k-th iteration leaves a
-        // survivor before the last one, and before the last its layer's
-        // late frees, or the loop's sawtooth, could still be holding.
-        let needed = leaks.iter().map(|&(d, leak)| survivor_iterations(leak) + self.iterations_a_block_may_live(d)).max().unwrap_or(2);
+        // Enough iterations that a leak every k-th iteration (or at every
+        // fall of the loop's sawtooth) leaves a survivor before the last
+        // one, and before the last its layer's late frees, or the
+        // sawtooth's rising edge, could still be holding.
+        let needed = leaks
+            .iter()
+            .map(|&(d, leak)| survivor_iterations(leak).max(self.loop_period() + 1) + self.iterations_a_block_may_live(d))
+            .max()
+            .unwrap_or(2);
         let mut count = least.max(needed);
         let host_objects_leak = !tensors_leak && host.is_some_and(|h| self.leak(h).is_some());
         if host_objects_leak || leaks.iter().any(|(_, leak)| leak.drift.is_none()) {
