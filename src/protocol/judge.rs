@@ -158,6 +158,12 @@ impl Judge {
         self.layers[d].iterations_a_free_may_lag() + self.loop_period() - 1
     }
 
+    /// Iterations enough that `leak` leaves a survivor before the last one:
+    /// one at every k-th iteration, or at every fall of the loop's sawtooth.
+    fn iterations_for_a_survivor(&self, leak: &Leak) -> u32 {
+        survivor_iterations(leak).max(self.loop_period() + 1)
+    }
+
     fn host_objects(&self) -> Option<usize> {
         self.layers.iter().position(|&l| l == Layer::HostObjects)
     }
@@ -198,7 +204,7 @@ impl Judge {
         // sawtooth's rising edge, could still be holding.
         let needed = leaks
             .iter()
-            .map(|&(d, leak)| survivor_iterations(leak).max(self.loop_period() + 1) + self.iterations_a_block_may_live(d))
+            .map(|&(d, leak)| self.iterations_for_a_survivor(leak) + self.iterations_a_block_may_live(d))
             .max()
             .unwrap_or(2);
         let mut count = least.max(needed);
@@ -223,7 +229,7 @@ impl Judge {
             .into_iter()
             .filter(|&d| d != host)
             .filter_map(|d| self.leak(d))
-            .map(survivor_iterations)
+            .map(|leak| self.iterations_for_a_survivor(leak))
             .max()
             .unwrap_or(0);
         count.max(tensors + self.iterations_a_block_may_live(host))
@@ -454,6 +460,26 @@ mod tests {
         // A leak at every fall, in any phase, leaves a survivor older than that.
         let needed = judge.attribution_iterations_needed(3).unwrap();
         assert!(needed - judge.iterations_a_block_may_live(1) > 4, "{needed} iterations");
+    }
+
+    #[test]
+    fn host_objects_recorded_beside_a_tensor_leak_and_a_sawtooth_outlive_the_sawtooths_edge_too() {
+        // CPU tensors rise for 3 iterations and fall on the 4th; CUDA
+        // tensors leak 64 B every iteration; host objects grow beside them.
+        let cpu = [0, 100, 200, 300, 0, 100, 200, 300, 0, 100, 200, 300, 0];
+        let rows: Vec<[i64; 3]> = cpu.iter().enumerate().map(|(i, &c)| [c, 64 * i as i64, 300 * i as i64]).collect();
+        let rows: Vec<&[i64]> = rows.iter().map(|r| &r[..]).collect();
+        let samples = scripted(1, &rows);
+        let mut judge = Judge::new(vec![Layer::Tensors(Device::Cpu), Layer::Tensors(Device::Cuda(0)), Layer::HostObjects], 0, RULES);
+        judge.set_used(vec![true, true, true]);
+        judge.decide_window(&samples);
+        assert!(matches!(judge.verdicts[0], Verdict::Bounded { period: Some(4), .. }), "{:?}", judge.verdicts[0]);
+        assert!(matches!(judge.verdicts[1], Verdict::Leak(_)), "{:?}", judge.verdicts[1]);
+        // A survivor older than the sawtooth's last 3 iterations and the
+        // host objects' late free, as in the first pass's own count.
+        let may_live = judge.iterations_a_block_may_live(2);
+        assert_eq!(may_live, 1 + 3);
+        assert!(judge.iterations_with_host_objects_beside(3) > may_live + 4, "{}", judge.iterations_with_host_objects_beside(3));
     }
 
     #[test]
