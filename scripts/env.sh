@@ -21,8 +21,8 @@ TORCH_VERSION=$(echo "$_row" | cut -f3)
 # packages leave out; the shim needs it to compile the CUDA trace tracker
 # (process scope). Headers only: about 1 MB.
 CUDA_CRT=nvidia-cuda-crt==$(echo "$_row" | cut -f4)
-_cache_root=${GPU_LEAK_TEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-leak-test}
-GPU_LEAK_TEST_VENV=$_cache_root/torch-$TORCH_VERSION
+. "$_repo/scripts/torch-cache.sh"
+GPU_LEAK_TEST_VENV=$(_venv_of "$TORCH_VERSION")
 
 # Finding torch's folder and version without importing it keeps this fast and quiet.
 _torch_dir() {
@@ -54,4 +54,4 @@ export LIBTORCH_BYPASS_VERSION_CHECK=${LIBTORCH_BYPASS_VERSION_CHECK:-0}
 _torch_lib=$(_torch_dir)/lib
 export LD_LIBRARY_PATH="$_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset _repo _row _cache_root _tmp_venv _torch_lib CUDA_CRT
-unset -f _torch_dir
+unset -f _torch_dir _venv_of
