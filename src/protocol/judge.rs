@@ -479,7 +479,8 @@ mod tests {
         // host objects' late free, as in the first pass's own count.
         let may_live = judge.iterations_a_block_may_live(2);
         assert_eq!(may_live, 1 + 3);
-        assert!(judge.iterations_with_host_objects_beside(3) > may_live + 4, "{}", judge.iterations_with_host_objects_beside(3));
+        let beside = judge.iterations_with_host_objects_beside(3);
+        assert!(beside > may_live + 4, "{beside} iterations");
     }
 
     #[test]
