@@ -13,7 +13,9 @@
 //!    step an LSTM cell unrolled over 64 time steps at batch 8, hidden 256,
 //!    with Adam: thousands of allocator events per step.
 //!    Then each variant's cost per allocator event in a loop that does
-//!    nothing else, and the tracker's callback alone.
+//!    nothing else, and the tracker's callback alone; and (`host-objects`)
+//!    what counting libtorch's host objects adds to an operator new and
+//!    delete pair, freed on the same thread or on another.
 //! 2. The cost of one stack capture, caching unwinder against libgcc's, and
 //!    of writing a report into a folder of 10 or 10,000 earlier ones.
 //! 3. Sensitivity: the smallest per-iteration leak flagged, from a sweep
@@ -488,6 +490,134 @@ fn heavy_step_overhead(device: Device, scale: &Scale, variants: &[Variant]) {
     tch::set_num_threads(threads);
 }
 
+// libtorch's host objects come from C++ operator new; the bench calls the
+// process's own definitions (the shim's) by their Itanium names.
+extern "C-unwind" {
+    #[link_name = "_Znwm"]
+    fn cxx_operator_new(bytes: usize) -> *mut u8;
+    #[link_name = "_ZdlPvm"]
+    fn cxx_operator_delete_sized(ptr: *mut u8, bytes: usize);
+}
+
+/// Sizes of libtorch's host objects, roughly (intrusive_ptr control
+/// blocks to TensorImpls and autograd nodes), in a fixed order.
+const HOST_OBJECT_SIZES: [usize; 14] = [16, 24, 32, 48, 64, 80, 96, 128, 160, 200, 256, 320, 400, 512];
+
+/// A batch of blocks from operator new, each written whole, as a
+/// constructor writes its object.
+fn allocate_batch(batch: &mut Vec<(usize, usize)>, count: usize) {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..count {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let bytes = HOST_OBJECT_SIZES[(state % HOST_OBJECT_SIZES.len() as u64) as usize];
+        // SAFETY: operator new returns a block of `bytes` bytes, ours until
+        // freed below, or throws `bad_alloc`, which a `C-unwind` call lets
+        // through as a foreign exception: Rust's runtime then aborts.
+        let ptr = unsafe { cxx_operator_new(bytes) };
+        // SAFETY: `ptr` holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0xA5, bytes) };
+        batch.push((ptr as usize, bytes));
+    }
+}
+
+/// Frees a batch with sized delete, reading each block's first word first,
+/// as a destructor reads its fields.
+fn free_batch(batch: &mut Vec<(usize, usize)>) {
+    for (ptr, bytes) in batch.drain(..) {
+        let ptr = ptr as *mut u8;
+        // SAFETY: `ptr` came from operator new with `bytes` bytes, written
+        // whole, and is freed once, with its size, as sized delete asks.
+        unsafe {
+            std::hint::black_box(std::ptr::read_unaligned(ptr as *const u64));
+            cxx_operator_delete_sized(ptr, bytes);
+        }
+    }
+}
+
+/// The host-object layer's cost per operator new and delete pair, in
+/// isolation: blocks of libtorch's object sizes made and written on this
+/// thread, then freed with sized delete on the same thread (as on the
+/// CPU, where one thread runs forward and backward) or on another (as on
+/// CUDA, where autograd's device thread frees what the forward made).
+/// Plain, process scope (every layer counting), and process scope with
+/// this layer off take turns within each round.
+fn host_object_pair_costs(scale: &Scale) {
+    const BATCH: usize = 4096;
+    let batches = if scale.rounds >= FULL.rounds { 40 } else { 2 };
+    let variants = [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly];
+    let (to_freer, freer_gets) = std::sync::mpsc::channel::<Vec<(usize, usize)>>();
+    let (freer_returns, from_freer) = std::sync::mpsc::channel::<Vec<(usize, usize)>>();
+    let freer = std::thread::spawn(move || {
+        for mut batch in freer_gets {
+            free_batch(&mut batch);
+            if freer_returns.send(batch).is_err() {
+                break;
+            }
+        }
+    });
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut pair_ns = |variant: Variant, on_another_thread: bool| -> f64 {
+        under_variant(variant, || {
+            let start = Instant::now();
+            for _ in 0..batches {
+                allocate_batch(&mut batch, BATCH);
+                if on_another_thread {
+                    to_freer.send(std::mem::take(&mut batch)).unwrap();
+                    batch = from_freer.recv().unwrap();
+                } else {
+                    free_batch(&mut batch);
+                }
+            }
+            start.elapsed().as_secs_f64() * 1e9 / (batches * BATCH) as f64
+        })
+    };
+    println!("#### Cost per operator new and delete pair of libtorch's host objects, in isolation\n");
+    println!(
+        "{} rounds of {batches} batches of {BATCH} blocks of {} to {} bytes, made and written on one thread, freed with sized \
+         delete; the variants take turns within each round.\n",
+        scale.rounds,
+        HOST_OBJECT_SIZES[0],
+        HOST_OBJECT_SIZES[HOST_OBJECT_SIZES.len() - 1]
+    );
+    println!(
+        "| freed on | plain: ns per pair (median) | process scope, all layers: ns added (median) | median's 95% interval | \
+         process scope without host objects: ns added (median) | median's 95% interval |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for on_another_thread in [false, true] {
+        for &variant in &variants {
+            pair_ns(variant, on_another_thread);
+        }
+        let mut plain = Vec::new();
+        let mut added = [Vec::new(), Vec::new()];
+        for round in 0..scale.rounds {
+            let mut ns = [0.0; 3];
+            for k in 0..variants.len() {
+                let index = (k + round) % variants.len();
+                ns[index] = pair_ns(variants[index], on_another_thread);
+            }
+            plain.push(ns[0]);
+            added[0].push(ns[1] - ns[0]);
+            added[1].push(ns[2] - ns[0]);
+        }
+        let (plain, _, _) = summary(&mut plain);
+        let cells: Vec<String> = added
+            .iter_mut()
+            .map(|added| {
+                let (low, high) = median_interval(added);
+                let (median, _, _) = summary(added);
+                format!("{median:.1} | {low:.1} to {high:.1}")
+            })
+            .collect();
+        let freed_on = if on_another_thread { "another thread" } else { "the same thread" };
+        println!("| {freed_on} | {plain:.1} | {} | {} |", cells[0], cells[1]);
+    }
+    println!();
+    drop(to_freer);
+    freer.join().unwrap();
+}
+
 #[inline(never)]
 fn at_depth<T>(depth: usize, f: &mut dyn FnMut() -> T) -> T {
     if depth == 0 {
@@ -784,7 +914,7 @@ fn index_cost(scale: &Scale) {
 
 /// The sections, in the order they print; `overhead --bench heavy step`
 /// runs only the ones named.
-const SECTIONS: &[&str] = &["step", "heavy", "events", "capture", "index", "sensitivity", "false-alarms", "shapes", "long"];
+const SECTIONS: &[&str] = &["step", "heavy", "events", "host-objects", "capture", "index", "sensitivity", "false-alarms", "shapes", "long"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -852,6 +982,9 @@ fn main() {
         for &device in &devices {
             event_costs(device, scale);
         }
+    }
+    if wanted("host-objects") {
+        host_object_pair_costs(scale);
     }
     if wanted("capture") {
         capture_cost(scale);

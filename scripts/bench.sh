@@ -5,6 +5,7 @@
 #
 #   scripts/bench.sh [SECTION...]   build and run here (every section, or
 #                                   the ones named: step heavy events
+#                                   host-objects
 #                                   capture index sensitivity false-alarms
 #                                   shapes)
 #   scripts/bench.sh --gpu DIR      build here into DIR/ (bench binary,
