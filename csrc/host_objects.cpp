@@ -189,8 +189,10 @@ inline void add(Sums& sums, int64_t bytes, bool shared) {
 
 // Adds `bytes` (negative for a free) to whoever `mark` names. Inline, with
 // the shard found through one thread-local pointer: this runs for every
-// counted operator new and delete.
-inline void count(Mark mark, int64_t bytes) {
+// counted operator new and delete. `always_inline`, as GCC at -O2 made it a
+// call (and on_free too), which cost about 2 of the 9 ns a counted new and
+// delete pair adds (benches/RESULTS.md).
+__attribute__((always_inline)) inline void count(Mark mark, int64_t bytes) {
   Shard* shard = own_shard != nullptr ? own_shard : claim_shard();
   bool shared = shard == &shards[kShared];
   if (mark.epoch != 0) {
@@ -311,7 +313,8 @@ __attribute__((noinline)) void report_free(void* ptr, bool to_hooks, bool to_pro
   reporting = false;
 }
 
-inline void on_free(void* ptr, size_t usable) {
+// Inline for the same reason as `count`.
+__attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
   if (reporting) {
     return;
   }
