@@ -63,10 +63,30 @@ struct Scale {
     captures: usize,
     /// Earlier reports in the folder for the index's cost.
     old_reports: usize,
+    /// Batches of 4,096 operator new and delete pairs per variant and round.
+    host_object_batches: usize,
 }
 
-const FULL: Scale = Scale { rounds: 21, round_seconds: 0.3, steps_per_round: 40, block_steps: None, false_alarm_runs: 1000, captures: 2000, old_reports: 10_000 };
-const SMOKE: Scale = Scale { rounds: 2, round_seconds: 0.3, steps_per_round: 2, block_steps: None, false_alarm_runs: 8, captures: 20, old_reports: 40 };
+const FULL: Scale = Scale {
+    rounds: 21,
+    round_seconds: 0.3,
+    steps_per_round: 40,
+    block_steps: None,
+    false_alarm_runs: 1000,
+    captures: 2000,
+    old_reports: 10_000,
+    host_object_batches: 40,
+};
+const SMOKE: Scale = Scale {
+    rounds: 2,
+    round_seconds: 0.3,
+    steps_per_round: 2,
+    block_steps: None,
+    false_alarm_runs: 8,
+    captures: 20,
+    old_reports: 40,
+    host_object_batches: 2,
+};
 
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
@@ -545,7 +565,7 @@ fn free_batch(batch: &mut Vec<(usize, usize)>) {
 /// this layer off take turns within each round.
 fn host_object_pair_costs(scale: &Scale) {
     const BATCH: usize = 4096;
-    let batches = if scale.rounds >= FULL.rounds { 40 } else { 2 };
+    let batches = scale.host_object_batches;
     let variants = [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly];
     let (to_freer, freer_gets) = std::sync::mpsc::channel::<Vec<(usize, usize)>>();
     let (freer_returns, from_freer) = std::sync::mpsc::channel::<Vec<(usize, usize)>>();
