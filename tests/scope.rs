@@ -232,17 +232,24 @@ fn every_passing_verdict_says_what_it_is(device: &str) {
 /// Tensors stay flat while a Rust collection grows: the report says the
 /// host heap grew, with the usual causes, and the test still passes (a view,
 /// not a verdict).
+///
+/// The view is the whole process's heap, and under `cargo test` this
+/// binary's other tests run beside it. Beside three busy loops this test
+/// failed twice in 1,100 runs of the binary; in the one whose output was
+/// kept, the others freed 1.7 MiB during the window, which hid a growth of
+/// 64 KiB per iteration. A growth of 4 MiB per iteration stands above that.
 fn host_heap_growth_with_flat_tensors_is_described(device: &str) {
+    const KEPT_PER_ITERATION: usize = 4 << 20;
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let report = leak_test("host_heap", device, "thread")
         .run(|device| {
             let _ = Tensor::ones([16], (Kind::Float, device)).sum(Kind::Float).double_value(&[]);
-            kept.push(vec![1u8; 64 * 1024]);
+            kept.push(vec![1u8; KEPT_PER_ITERATION]);
         })
         .unwrap();
     assert!(report.passed(), "{report}");
     let rate = report.figures.host_heap_growth_per_iteration.unwrap_or_else(|| panic!("no host heap growth noted:\n{report}"));
-    assert!(rate >= 60_000.0, "{rate} B per iteration\n{report}");
+    assert!(rate >= (KEPT_PER_ITERATION / 2) as f64, "{rate} B per iteration\n{report}");
     assert!(report.findings.hints.iter().any(|h| h.contains("the host heap grew")), "{report}");
     assert!(report.figures.before.unwrap().host_heap_bytes.is_some(), "glibc's view is sampled");
 }
