@@ -419,6 +419,31 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     println!();
 }
 
+/// Each of `variants` timed once to warm up, then `rounds` rounds in which
+/// they take turns, the order rotating every round so drift hits each
+/// alike: plain's figures (the first variant), and what each other variant
+/// added to plain's in the same round.
+fn added_to_plain(rounds: usize, variants: &[Variant], mut time: impl FnMut(Variant) -> f64) -> (Vec<f64>, Vec<Vec<f64>>) {
+    assert_eq!(variants[0], Variant::Plain, "figures are added to plain's");
+    for &variant in variants {
+        time(variant);
+    }
+    let mut plain = Vec::new();
+    let mut added = vec![Vec::new(); variants.len() - 1];
+    for round in 0..rounds {
+        let mut figures = vec![0.0; variants.len()];
+        for k in 0..variants.len() {
+            let index = (k + round) % variants.len();
+            figures[index] = time(variants[index]);
+        }
+        plain.push(figures[0]);
+        for v in 1..variants.len() {
+            added[v - 1].push(figures[v] - figures[0]);
+        }
+    }
+    (plain, added)
+}
+
 /// Nanoseconds per allocator event in a loop that does nothing else: an
 /// empty one-element tensor made and dropped (one allocation, one free),
 /// plain and under each variant, and the tracker's callback fed directly
@@ -438,23 +463,7 @@ fn event_costs(device: Device, scale: &Scale) {
             start.elapsed().as_secs_f64() * 1e9 / (2 * TENSORS) as f64
         })
     };
-    let variants = VARIANTS;
-    for variant in variants {
-        time(variant);
-    }
-    let mut added: [Vec<f64>; VARIANTS.len() - 1] = Default::default();
-    let mut plain = Vec::new();
-    for round in 0..scale.rounds {
-        let mut ns = [0.0; VARIANTS.len()];
-        for k in 0..variants.len() {
-            let index = (k + round) % variants.len();
-            ns[index] = time(variants[index]);
-        }
-        plain.push(ns[0]);
-        for v in 1..variants.len() {
-            added[v - 1].push(ns[v] - ns[0]);
-        }
-    }
+    let (mut plain, mut added) = added_to_plain(scale.rounds, &VARIANTS, time);
     // The callback alone: alloc and free of distinct addresses, as the
     // allocator hands them out.
     let tracker = Tracker::new();
@@ -606,21 +615,7 @@ fn host_object_pair_costs(scale: &Scale) {
          process scope without host objects: ns added (median) | median's 95% interval |\n| --- | --- | --- | --- | --- | --- |"
     );
     for on_another_thread in [false, true] {
-        for &variant in &variants {
-            pair_ns(variant, on_another_thread);
-        }
-        let mut plain = Vec::new();
-        let mut added = [Vec::new(), Vec::new()];
-        for round in 0..scale.rounds {
-            let mut ns = [0.0; 3];
-            for k in 0..variants.len() {
-                let index = (k + round) % variants.len();
-                ns[index] = pair_ns(variants[index], on_another_thread);
-            }
-            plain.push(ns[0]);
-            added[0].push(ns[1] - ns[0]);
-            added[1].push(ns[2] - ns[0]);
-        }
+        let (mut plain, mut added) = added_to_plain(scale.rounds, &variants, |variant| pair_ns(variant, on_another_thread));
         let (plain, _, _) = summary(&mut plain);
         let cells: Vec<String> = added
             .iter_mut()
