@@ -37,14 +37,19 @@
 //! take turns every N steps within a round, and `--counting-only` runs only
 //! the counting target's variants there, so many rounds fit; `--devices=cuda`
 //! (or `cpu`) runs the step sections on that device only, for a profiler.
+//! `--save-rounds=FILE` appends every round's ratios of the step sections to
+//! FILE as they come, and `overhead --pool-rounds FILE...` prints the table
+//! of the rounds of several runs together: where one run cannot hold enough
+//! rounds for an interval inside a target's margin.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
 use gpu_leak_test::internals::probe::process::Observation;
 use gpu_leak_test::internals::probe::{cuda, stacks::Stack, Tracker};
 use gpu_leak_test::{LeakTest, Verdict};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -347,6 +352,57 @@ fn step_label(variant: Variant) -> &'static str {
 const COUNTING_VARIANTS: [Variant; 4] =
     [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap];
 
+/// Where `--save-rounds=FILE` sends each round's ratios: one line per round
+/// and variant, `heading<TAB>variant<TAB>ratio`, written as the round ends
+/// so that a run cut short keeps its rounds.
+static SAVED_ROUNDS: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
+
+fn save_round(heading: &str, variant: Variant, ratio: f64) {
+    if let Some(file) = SAVED_ROUNDS.get() {
+        // One write per line: runs appending to one file do not interleave.
+        let line = format!("{heading}\t{}\t{ratio}\n", step_label(variant));
+        file.lock().unwrap().write_all(line.as_bytes()).expect("--save-rounds: the file takes the round");
+    }
+}
+
+/// A step's variants, each with the ratios of its kept rounds.
+type VariantRounds = Vec<(String, Vec<f64>)>;
+
+/// `--pool-rounds FILE...`: the rounds that `--save-rounds` kept, of one run
+/// or several, as one table per step, in the order they first appear.
+fn pool_rounds(files: &[String]) {
+    let mut steps: Vec<(String, VariantRounds)> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--pool-rounds: cannot read {file}: {e}"));
+        for line in text.lines() {
+            // A run killed mid-write leaves at most its last line partial.
+            let [heading, variant, ratio] = line.split('\t').collect::<Vec<_>>()[..] else { continue };
+            let Ok(ratio) = ratio.parse::<f64>() else { continue };
+            let step = match steps.iter().position(|(h, _)| h == heading) {
+                Some(i) => &mut steps[i].1,
+                None => {
+                    steps.push((heading.to_string(), Vec::new()));
+                    &mut steps.last_mut().unwrap().1
+                }
+            };
+            match step.iter_mut().find(|(v, _)| v == variant) {
+                Some((_, ratios)) => ratios.push(ratio),
+                None => step.push((variant.to_string(), vec![ratio])),
+            }
+        }
+    }
+    for (heading, variants) in &mut steps {
+        println!("### {heading}, rounds pooled from {}\n", files.join(", "));
+        println!("| variant | rounds | ratio to plain: median | median's 95% interval | min | max |\n| --- | --- | --- | --- | --- | --- |");
+        for (variant, ratios) in variants.iter_mut() {
+            let (low, high) = median_interval(ratios);
+            let (median, min, max) = summary(ratios);
+            println!("| {variant} | {} | {median:.3} | {low:.3} to {high:.3} | {min:.3} | {max:.3} |", ratios.len());
+        }
+        println!();
+    }
+}
+
 /// The variants of one step (plain first), alternating round by round:
 /// ratios to plain, and what each costs per allocator event.
 fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, variants: &[Variant]) {
@@ -367,6 +423,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     // (one block of them all by default).
     let block = scale.block_steps.unwrap_or(steps_per_round).clamp(1, steps_per_round);
     let blocks = steps_per_round.div_ceil(block);
+    let heading = format!("{} on {device:?}", step.describe());
     for round in 0..scale.rounds {
         let mut times = vec![0.0; variants.len()];
         for b in 0..blocks {
@@ -382,10 +439,11 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
         for v in 1..variants.len() {
             ratios[v - 1].push(times[v] / times[0]);
             per_event_ns[v - 1].push((times[v] - times[0]) * 1e9 / events.max(1) as f64);
+            save_round(&heading, variants[v], times[v] / times[0]);
         }
     }
     let (plain, _, _) = summary(&mut plain_times);
-    println!("### {} on {device:?}\n", step.describe());
+    println!("### {heading}\n");
     println!(
         "{} rounds of {} steps per variant, variants alternating{}; plain step {:.3} ms (median); {events} allocator events \
          per step (allocations and frees) on the step's threads, {process_events} in the whole process, and \
@@ -940,6 +998,15 @@ fn main() {
             println!("{micros} {ran}");
             return;
         }
+    }
+    if let Some(at) = args.iter().position(|a| a == "--pool-rounds") {
+        pool_rounds(&args[at + 1..]);
+        return;
+    }
+    if let Some(path) = args.iter().find_map(|a| a.strip_prefix("--save-rounds=")) {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+        let file = file.unwrap_or_else(|e| panic!("--save-rounds: cannot open {path} to append: {e}"));
+        SAVED_ROUNDS.set(Mutex::new(file)).unwrap();
     }
     let full = args.iter().any(|a| a == "--bench");
     let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
