@@ -37,10 +37,10 @@
 //! take turns every N steps within a round, and `--counting-only` runs only
 //! the counting target's variants there, so many rounds fit; `--devices=cuda`
 //! (or `cpu`) runs the step sections on that device only, for a profiler.
-//! `--save-rounds=FILE` appends every round's ratios of the step sections to
-//! FILE as they come, and `overhead --pool-rounds FILE...` prints the table
-//! of the rounds of several runs together: where one run cannot hold enough
-//! rounds for an interval inside a target's margin.
+//! `--save-rounds=FILE` appends every round's ratios of the step sections,
+//! with plain's step time, to FILE as they come, and `overhead --pool-rounds
+//! FILE...` prints the table of the rounds of several runs together: where
+//! one run cannot hold enough rounds for an interval inside a target's margin.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -353,46 +353,54 @@ const COUNTING_VARIANTS: [Variant; 4] =
     [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap];
 
 /// Where `--save-rounds=FILE` sends each round's ratios: one line per round
-/// and variant, `heading<TAB>variant<TAB>ratio`, written as the round ends
-/// so that a run cut short keeps its rounds.
+/// and variant, `heading<TAB>variant<TAB>ratio<TAB>plain step ms`, written
+/// as the round ends so that a run cut short keeps its rounds.
 static SAVED_ROUNDS: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
 
-fn save_round(heading: &str, variant: Variant, ratio: f64) {
+fn save_round(heading: &str, variant: Variant, ratio: f64, plain_ms: f64) {
     if let Some(file) = SAVED_ROUNDS.get() {
         // One write per line: runs appending to one file do not interleave.
-        let line = format!("{heading}\t{}\t{ratio}\n", step_label(variant));
+        let line = format!("{heading}\t{}\t{ratio}\t{plain_ms}\n", step_label(variant));
         file.lock().unwrap().write_all(line.as_bytes()).expect("--save-rounds: the file takes the round");
     }
 }
 
-/// A step's variants, each with the ratios of its kept rounds.
-type VariantRounds = Vec<(String, Vec<f64>)>;
+/// A step's plain step times (ms, one per round), and its variants, each
+/// with the ratios of its kept rounds.
+type StepRounds = (Vec<f64>, Vec<(String, Vec<f64>)>);
 
 /// `--pool-rounds FILE...`: the rounds that `--save-rounds` kept, of one run
 /// or several, as one table per step, in the order they first appear.
 fn pool_rounds(files: &[String]) {
-    let mut steps: Vec<(String, VariantRounds)> = Vec::new();
+    let mut steps: Vec<(String, StepRounds)> = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--pool-rounds: cannot read {file}: {e}"));
         for line in text.lines() {
             // A run killed mid-write leaves at most its last line partial.
-            let [heading, variant, ratio] = line.split('\t').collect::<Vec<_>>()[..] else { continue };
-            let Ok(ratio) = ratio.parse::<f64>() else { continue };
-            let step = match steps.iter().position(|(h, _)| h == heading) {
+            let [heading, variant, ratio, plain_ms] = line.split('\t').collect::<Vec<_>>()[..] else { continue };
+            let (Ok(ratio), Ok(plain_ms)) = (ratio.parse::<f64>(), plain_ms.parse::<f64>()) else { continue };
+            let (plain, variants) = match steps.iter().position(|(h, _)| h == heading) {
                 Some(i) => &mut steps[i].1,
                 None => {
-                    steps.push((heading.to_string(), Vec::new()));
+                    steps.push((heading.to_string(), (Vec::new(), Vec::new())));
                     &mut steps.last_mut().unwrap().1
                 }
             };
-            match step.iter_mut().find(|(v, _)| v == variant) {
+            // Every variant's line repeats its round's plain time; the
+            // first variant's lines count each round once.
+            if variants.first().is_none_or(|(first, _)| first == variant) {
+                plain.push(plain_ms);
+            }
+            match variants.iter_mut().find(|(v, _)| v == variant) {
                 Some((_, ratios)) => ratios.push(ratio),
-                None => step.push((variant.to_string(), vec![ratio])),
+                None => variants.push((variant.to_string(), vec![ratio])),
             }
         }
     }
-    for (heading, variants) in &mut steps {
+    for (heading, (plain, variants)) in &mut steps {
         println!("### {heading}, rounds pooled from {}\n", files.join(", "));
+        let (plain_ms, _, _) = summary(plain);
+        println!("{} rounds; plain step {plain_ms:.3} ms (median).\n", plain.len());
         println!("| variant | rounds | ratio to plain: median | median's 95% interval | min | max |\n| --- | --- | --- | --- | --- | --- |");
         for (variant, ratios) in variants.iter_mut() {
             let (low, high) = median_interval(ratios);
@@ -439,7 +447,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
         for v in 1..variants.len() {
             ratios[v - 1].push(times[v] / times[0]);
             per_event_ns[v - 1].push((times[v] - times[0]) * 1e9 / events.max(1) as f64);
-            save_round(&heading, variants[v], times[v] / times[0]);
+            save_round(&heading, variants[v], times[v] / times[0], times[0] * 1e3);
         }
     }
     let (plain, _, _) = summary(&mut plain_times);
