@@ -377,8 +377,14 @@ fn pool_rounds(files: &[String]) {
         let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--pool-rounds: cannot read {file}: {e}"));
         for line in text.lines() {
             // A run killed mid-write leaves at most its last line partial.
-            let [heading, variant, ratio, plain_ms] = line.split('\t').collect::<Vec<_>>()[..] else { continue };
-            let (Ok(ratio), Ok(plain_ms)) = (ratio.parse::<f64>(), plain_ms.parse::<f64>()) else { continue };
+            // Files saved before the plain step time was kept have three fields.
+            let (heading, variant, ratio, plain_ms) = match line.split('\t').collect::<Vec<_>>()[..] {
+                [heading, variant, ratio] => (heading, variant, ratio, None),
+                [heading, variant, ratio, plain_ms] => (heading, variant, ratio, Some(plain_ms)),
+                _ => continue,
+            };
+            let Ok(ratio) = ratio.parse::<f64>() else { continue };
+            let plain_ms = plain_ms.and_then(|ms| ms.parse::<f64>().ok());
             let (plain, variants) = match steps.iter().position(|(h, _)| h == heading) {
                 Some(i) => &mut steps[i].1,
                 None => {
@@ -389,7 +395,7 @@ fn pool_rounds(files: &[String]) {
             // Every variant's line repeats its round's plain time; the
             // first variant's lines count each round once.
             if variants.first().is_none_or(|(first, _)| first == variant) {
-                plain.push(plain_ms);
+                plain.extend(plain_ms);
             }
             match variants.iter_mut().find(|(v, _)| v == variant) {
                 Some((_, ratios)) => ratios.push(ratio),
@@ -399,8 +405,10 @@ fn pool_rounds(files: &[String]) {
     }
     for (heading, (plain, variants)) in &mut steps {
         println!("### {heading}, rounds pooled from {}\n", files.join(", "));
-        let (plain_ms, _, _) = summary(plain);
-        println!("{} rounds; plain step {plain_ms:.3} ms (median).\n", plain.len());
+        if !plain.is_empty() {
+            let (plain_ms, _, _) = summary(plain);
+            println!("Plain step {plain_ms:.3} ms (median of the {} rounds that carry it).\n", plain.len());
+        }
         println!("| variant | rounds | ratio to plain: median | median's 95% interval | min | max |\n| --- | --- | --- | --- | --- | --- |");
         for (variant, ratios) in variants.iter_mut() {
             let (low, high) = median_interval(ratios);
