@@ -30,8 +30,24 @@
 
 namespace {
 
+// The common path of every operator new and delete is kept to a few
+// lines of code, straight through: what it rarely needs (tags, reports,
+// the shared shard, malloc's size) is out of line, in cold code. In the
+// allocation-heavy CUDA step a counted new and delete pair cost about four
+// times what it costs in a loop of its own (benches/RESULTS.md), where its
+// code stays in the nearest cache.
+#define GLT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define GLT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GLT_COLD __attribute__((noinline, cold))
+
+// This file is linked into the executable, so its thread-locals need no
+// lookup through the dynamic linker: initial-exec reads them at a fixed
+// offset from the thread pointer, where the general model's call makes
+// the compiler save registers on every new and delete.
+#define GLT_THREAD_LOCAL thread_local __attribute__((tls_model("initial-exec")))
+
 // Trivial thread-local state: safe to touch while a thread is torn down.
-thread_local bool reporting = false;
+GLT_THREAD_LOCAL bool reporting = false;
 
 // Set by a test of the "cannot measure" verdict, and by the benchmark's
 // variants without this layer: nothing is reported.
@@ -165,7 +181,7 @@ constexpr int kShared = kShards - 1;
 Shard shards[kShards];
 std::atomic<int> next_shard{0};
 // This thread's shard, claimed at its first count.
-thread_local Shard* own_shard = nullptr;
+GLT_THREAD_LOCAL Shard* own_shard = nullptr;
 
 __attribute__((noinline)) Shard* claim_shard() {
   int next = next_shard.fetch_add(1, std::memory_order_relaxed);
@@ -187,12 +203,8 @@ inline void add(Sums& sums, int64_t bytes, bool shared) {
   bump<uint64_t>(bytes > 0 ? sums.allocations : sums.frees, 1, shared);
 }
 
-// Adds `bytes` (negative for a free) to whoever `mark` names. Inline, with
-// the shard found through one thread-local pointer: this runs for every
-// counted operator new and delete. `always_inline`, as GCC at -O2 made it a
-// call (and on_free too), which cost about 2 of the 9 ns a counted new and
-// delete pair adds (benches/RESULTS.md).
-__attribute__((always_inline)) inline void count(Mark mark, int64_t bytes) {
+// Adds `bytes` (negative for a free) to whoever `mark` names.
+GLT_COLD void count(Mark mark, int64_t bytes) {
   Shard* shard = own_shard != nullptr ? own_shard : claim_shard();
   bool shared = shard == &shards[kShared];
   if (mark.epoch != 0) {
@@ -201,6 +213,21 @@ __attribute__((always_inline)) inline void count(Mark mark, int64_t bytes) {
   if (mark.tag != 0) {
     add(shard->tags[mark.tag], bytes, shared);
   }
+}
+
+// `count` for a block the open observation counts and no tracker's tag
+// names: what a passing process-scope test does for every new and delete.
+// Inline, with the shard found through one thread-local pointer, as GCC at
+// -O2 made the count a call, which cost about 2 of the 9 ns a counted pair
+// adds (benches/RESULTS.md); a thread's first count and threads beyond the
+// shards take `count`.
+__attribute__((always_inline)) inline void count_for_process(uint16_t epoch, int64_t bytes) {
+  Shard* shard = own_shard;
+  if (GLT_UNLIKELY(shard == nullptr || shard == &shards[kShared])) {
+    count(Mark{epoch, 0, 0}, bytes);
+    return;
+  }
+  add(shard->process, bytes, false);
 }
 
 // The mark of a block being freed, with only what is still current kept.
@@ -284,16 +311,17 @@ __attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t 
 // test reports nothing, so its count needs no guard: a load of the flag
 // keeps the count from counting blocks a report on this thread allocates.
 inline marks::Mark on_allocation(void* ptr, int64_t size) {
-  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0 || recording_sites.load(std::memory_order_relaxed)) {
+  if (GLT_UNLIKELY(glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
+                   recording_sites.load(std::memory_order_relaxed))) {
     return on_allocation_reported(ptr, size);
   }
   marks::Mark mark;
-  if (reporting) {
+  if (GLT_UNLIKELY(reporting)) {
     return mark;
   }
   mark.epoch = marks::epoch.load(std::memory_order_relaxed);
-  if (mark.epoch != 0) {
-    marks::count(mark, size);
+  if (GLT_LIKELY(mark.epoch != 0)) {
+    marks::count_for_process(mark.epoch, size);
   }
   return mark;
 }
@@ -313,12 +341,10 @@ __attribute__((noinline)) void report_free(void* ptr, bool to_hooks, bool to_pro
   reporting = false;
 }
 
-// Inline for the same reason as `count`.
-__attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
-  if (reporting) {
-    return;
-  }
-  marks::Mark mark = marks::current(marks::read(ptr, usable));
+// A free of a block with a tracker's tag, or while hooks or attribution
+// want frees reported.
+GLT_COLD void on_free_reported(void* ptr, size_t usable, marks::Mark mark) {
+  mark = marks::current(mark);
   if (mark.epoch != 0 || mark.tag != 0) {
     // No longer anyone's, should the block be handed out again uncounted.
     marks::write(ptr, usable, marks::Mark{});
@@ -329,6 +355,26 @@ __attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
   bool to_process = mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed);
   if (to_hooks || to_process) {
     report_free(ptr, to_hooks, to_process);
+  }
+}
+
+// Inline for the same reason as `count_for_process`; a block without a tag
+// while nothing wants frees reported (a passing process-scope test) takes
+// the short way, which does what `on_free_reported` does for it.
+__attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
+  if (GLT_UNLIKELY(reporting)) {
+    return;
+  }
+  marks::Mark mark = marks::read(ptr, usable);
+  if (GLT_UNLIKELY(mark.tag != 0 || glt::untagged_hooks.load(std::memory_order_relaxed) != 0 ||
+                   recording_sites.load(std::memory_order_relaxed))) {
+    on_free_reported(ptr, usable, mark);
+    return;
+  }
+  if (GLT_LIKELY(mark.epoch != 0 && mark.epoch == marks::epoch.load(std::memory_order_relaxed))) {
+    // No longer anyone's, should the block be handed out again uncounted.
+    marks::write(ptr, usable, marks::Mark{});
+    marks::count_for_process(mark.epoch, -static_cast<int64_t>(usable));
   }
 }
 
@@ -378,7 +424,7 @@ inline void release_sized(void* ptr, std::size_t bytes) noexcept {
   if (counting()) {
     size_t tail = marks::tail_offset(bytes);
     size_t usable = marks::usable_from_signpost(ptr, tail);
-    if (usable != 0) {
+    if (GLT_LIKELY(usable != 0)) {
       marks::clear_signpost(ptr, tail);
     } else {
       usable = malloc_usable_size(ptr);
