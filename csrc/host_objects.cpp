@@ -53,9 +53,12 @@ GLT_THREAD_LOCAL bool reporting = false;
 // variants without this layer: nothing is reported.
 std::atomic<bool> switched_off{false};
 
+// The flags are ORed, not tested one by one, here and on the common path
+// below: each branch there is one more for the predictor to have forgotten
+// between libtorch's calls.
 inline bool counting() {
-  return (glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
-          glt::host_objects_observed.load(std::memory_order_relaxed) != 0) &&
+  return ((glt::host_object_hooks.load(std::memory_order_relaxed) |
+           glt::host_objects_observed.load(std::memory_order_relaxed)) != 0) &
          !switched_off.load(std::memory_order_relaxed);
 }
 
@@ -223,7 +226,9 @@ GLT_COLD void count(Mark mark, int64_t bytes) {
 // shards take `count`.
 __attribute__((always_inline)) inline void count_for_process(uint16_t epoch, int64_t bytes) {
   Shard* shard = own_shard;
-  if (GLT_UNLIKELY(shard == nullptr || shard == &shards[kShared])) {
+  // One comparison: below the shared shard, and not null (which wraps).
+  if (GLT_UNLIKELY(reinterpret_cast<uintptr_t>(shard) - reinterpret_cast<uintptr_t>(&shards[0]) >=
+                   kShared * sizeof(Shard))) {
     count(Mark{epoch, 0, 0}, bytes);
     return;
   }
@@ -311,7 +316,7 @@ __attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t 
 // test reports nothing, so its count needs no guard: a load of the flag
 // keeps the count from counting blocks a report on this thread allocates.
 inline marks::Mark on_allocation(void* ptr, int64_t size) {
-  if (GLT_UNLIKELY(glt::host_object_hooks.load(std::memory_order_relaxed) != 0 ||
+  if (GLT_UNLIKELY((glt::host_object_hooks.load(std::memory_order_relaxed) != 0) |
                    recording_sites.load(std::memory_order_relaxed))) {
     return on_allocation_reported(ptr, size);
   }
@@ -366,12 +371,13 @@ __attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
     return;
   }
   marks::Mark mark = marks::read(ptr, usable);
-  if (GLT_UNLIKELY(mark.tag != 0 || glt::untagged_hooks.load(std::memory_order_relaxed) != 0 ||
+  if (GLT_UNLIKELY((mark.tag != 0) | (glt::untagged_hooks.load(std::memory_order_relaxed) != 0) |
                    recording_sites.load(std::memory_order_relaxed))) {
     on_free_reported(ptr, usable, mark);
     return;
   }
-  if (GLT_LIKELY(mark.epoch != 0 && mark.epoch == marks::epoch.load(std::memory_order_relaxed))) {
+  uint16_t open_epoch = marks::epoch.load(std::memory_order_relaxed);
+  if (GLT_LIKELY((mark.epoch == open_epoch) & (open_epoch != 0))) {
     // No longer anyone's, should the block be handed out again uncounted.
     marks::write(ptr, usable, marks::Mark{});
     marks::count_for_process(mark.epoch, -static_cast<int64_t>(usable));
@@ -382,13 +388,15 @@ __attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
 // there is the CUDA caching allocator's own bookkeeping (a Block for every
 // split of its reserve, its pools' tree nodes), which follows the state of
 // its cache, not the test's objects. Device memory is judged on its own.
+// Its start, then its length: 0 until both are set, so a reader that sees
+// the length sees the start it goes with.
 std::atomic<uintptr_t> c10_cuda_start{0};
-std::atomic<uintptr_t> c10_cuda_end{0};
+std::atomic<uintptr_t> c10_cuda_bytes{0};
 
 inline bool from_the_cuda_allocator(void* caller) {
-  auto address = reinterpret_cast<uintptr_t>(caller);
-  return address >= c10_cuda_start.load(std::memory_order_relaxed) &&
-         address < c10_cuda_end.load(std::memory_order_relaxed);
+  uintptr_t bytes = c10_cuda_bytes.load(std::memory_order_acquire);
+  // One comparison: an address below the start wraps past the range.
+  return reinterpret_cast<uintptr_t>(caller) - c10_cuda_start.load(std::memory_order_relaxed) < bytes;
 }
 
 // Every block gets a mark and a signpost, counted or not: a free must never
@@ -397,7 +405,7 @@ inline bool from_the_cuda_allocator(void* caller) {
 inline void* marked(void* ptr, std::size_t bytes, void* caller) {
   size_t usable = malloc_usable_size(ptr);
   marks::Mark mark;
-  if (counting() && !from_the_cuda_allocator(caller)) {
+  if (counting() & !from_the_cuda_allocator(caller)) {
     mark = on_allocation(ptr, static_cast<int64_t>(usable));
   }
   marks::write_signpost(ptr, marks::tail_offset(bytes), usable);
@@ -537,11 +545,11 @@ std::atomic<int> host_objects_observed{0};
 
 namespace glt {
 void leave_out_cuda_allocator() {
-  if (c10_cuda_end.load(std::memory_order_acquire) == 0) {
+  if (c10_cuda_bytes.load(std::memory_order_acquire) == 0) {
     CodeRange code = code_of("libc10_cuda.so");
     if (code.end != 0) {
       c10_cuda_start.store(code.start, std::memory_order_relaxed);
-      c10_cuda_end.store(code.end, std::memory_order_release);
+      c10_cuda_bytes.store(code.end - code.start, std::memory_order_release);
     }
   }
 }
