@@ -49,17 +49,39 @@ namespace {
 // Trivial thread-local state: safe to touch while a thread is torn down.
 GLT_THREAD_LOCAL bool reporting = false;
 
-// Set by a test of the "cannot measure" verdict, and by the benchmark's
-// variants without this layer: nothing is reported.
-std::atomic<bool> switched_off{false};
+// What each operator new and delete reads besides its block, its thread's
+// sums and two thread-locals, on one cache line of its own: between two of
+// libtorch's calls that line may have left the nearest cache, and one line
+// comes back where up to four did (in the bench's binary these lay on four,
+// among other files' globals). Each is written when a test starts or ends
+// something, never per call.
+struct alignas(64) Switches {
+  // Threads with a gpu-leak-test hook pushed (shim.cpp's push and pop).
+  std::atomic<int> hooks{0};
+  // Hooks without a tag: each C++ heap free must reach them (see
+  // report_to_hook).
+  std::atomic<int> untagged_hooks{0};
+  // The open observation's epoch, 0 while none is open (see marks).
+  std::atomic<uint16_t> epoch{0};
+  // Set by a test of the "cannot measure" verdict, and by the benchmark's
+  // variants without this layer: nothing is reported.
+  std::atomic<bool> switched_off{false};
+  // While attribution records sites in process scope, every event also goes
+  // to the process sink's tracker, which keeps the blocks with their stacks.
+  std::atomic<bool> recording_sites{false};
+  // The code of libc10_cuda.so, once CUDA is loaded (see
+  // from_the_cuda_allocator): its start, then its length.
+  std::atomic<uintptr_t> c10_cuda_start{0};
+  std::atomic<uintptr_t> c10_cuda_bytes{0};
+};
+Switches switches;
 
 // The flags are ORed, not tested one by one, here and on the common path
 // below: each branch there is one more for the predictor to have forgotten
 // between libtorch's calls.
 inline bool counting() {
-  return ((glt::host_object_hooks.load(std::memory_order_relaxed) |
-           glt::host_objects_observed.load(std::memory_order_relaxed)) != 0) &
-         !switched_off.load(std::memory_order_relaxed);
+  return ((switches.hooks.load(std::memory_order_relaxed) | switches.epoch.load(std::memory_order_relaxed)) != 0) &
+         !switches.switched_off.load(std::memory_order_relaxed);
 }
 
 // Both scopes count without a lock or a map. Every block carries a mark in
@@ -156,8 +178,7 @@ inline void clear_signpost(void* ptr, size_t tail) {
   store_word(ptr, tail, signpost_word(ptr, kAskMalloc));
 }
 
-// The open observation's epoch, 0 while none is open.
-std::atomic<uint16_t> epoch{0};
+// The last epoch given out; the open one is `switches.epoch`.
 uint16_t last_epoch = 0;
 // Per tag: its generation, with kHeld set while a tracker holds it.
 constexpr uint16_t kHeld = 0x100;
@@ -237,7 +258,7 @@ __attribute__((always_inline)) inline void count_for_process(uint16_t epoch, int
 
 // The mark of a block being freed, with only what is still current kept.
 inline Mark current(Mark mark) {
-  if (mark.epoch != epoch.load(std::memory_order_relaxed)) {
+  if (mark.epoch != switches.epoch.load(std::memory_order_relaxed)) {
     mark.epoch = 0;
   }
   if (mark.tag != 0 && tag_state[mark.tag].load(std::memory_order_relaxed) != (kHeld | mark.generation)) {
@@ -277,10 +298,6 @@ Figures tag_baseline[kTags];
 Figures process_baseline;
 }  // namespace marks
 
-// While attribution records sites in process scope, every event also goes
-// to the process sink's tracker, which keeps the blocks with their stacks.
-std::atomic<bool> recording_sites{false};
-
 // Who counts a block allocated now on this thread, telling them, where a
 // hook is pushed or attribution records sites. A report may allocate, so
 // this runs under the guard.
@@ -290,7 +307,7 @@ __attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t 
     return mark;
   }
   reporting = true;
-  if (glt::host_object_hooks.load(std::memory_order_relaxed) != 0) {
+  if (switches.hooks.load(std::memory_order_relaxed) != 0) {
     bool hooked = false;
     uint8_t tag = glt::current_hook_tag(&hooked);
     // A tracker without a tag counts its blocks itself, as does one that
@@ -303,8 +320,8 @@ __attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t 
       mark.generation = static_cast<uint8_t>(marks::tag_state[tag].load(std::memory_order_relaxed));
     }
   }
-  mark.epoch = marks::epoch.load(std::memory_order_relaxed);
-  if (mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed)) {
+  mark.epoch = switches.epoch.load(std::memory_order_relaxed);
+  if (mark.epoch != 0 && switches.recording_sites.load(std::memory_order_relaxed)) {
     glt::report_process_event(ptr, size, glt::kHostObjectsDeviceType, -1);
   }
   marks::count(mark, size);
@@ -316,15 +333,15 @@ __attribute__((noinline)) marks::Mark on_allocation_reported(void* ptr, int64_t 
 // test reports nothing, so its count needs no guard: a load of the flag
 // keeps the count from counting blocks a report on this thread allocates.
 inline marks::Mark on_allocation(void* ptr, int64_t size) {
-  if (GLT_UNLIKELY((glt::host_object_hooks.load(std::memory_order_relaxed) != 0) |
-                   recording_sites.load(std::memory_order_relaxed))) {
+  if (GLT_UNLIKELY((switches.hooks.load(std::memory_order_relaxed) != 0) |
+                   switches.recording_sites.load(std::memory_order_relaxed))) {
     return on_allocation_reported(ptr, size);
   }
   marks::Mark mark;
   if (GLT_UNLIKELY(reporting)) {
     return mark;
   }
-  mark.epoch = marks::epoch.load(std::memory_order_relaxed);
+  mark.epoch = switches.epoch.load(std::memory_order_relaxed);
   if (GLT_LIKELY(mark.epoch != 0)) {
     marks::count_for_process(mark.epoch, size);
   }
@@ -356,8 +373,8 @@ GLT_COLD void on_free_reported(void* ptr, size_t usable, marks::Mark mark) {
     marks::count(mark, -static_cast<int64_t>(usable));
   }
   bool to_hooks = (mark.tag != 0 && marks::tag_recording[mark.tag].load(std::memory_order_relaxed)) ||
-                  glt::untagged_hooks.load(std::memory_order_relaxed) != 0;
-  bool to_process = mark.epoch != 0 && recording_sites.load(std::memory_order_relaxed);
+                  switches.untagged_hooks.load(std::memory_order_relaxed) != 0;
+  bool to_process = mark.epoch != 0 && switches.recording_sites.load(std::memory_order_relaxed);
   if (to_hooks || to_process) {
     report_free(ptr, to_hooks, to_process);
   }
@@ -371,12 +388,12 @@ __attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
     return;
   }
   marks::Mark mark = marks::read(ptr, usable);
-  if (GLT_UNLIKELY((mark.tag != 0) | (glt::untagged_hooks.load(std::memory_order_relaxed) != 0) |
-                   recording_sites.load(std::memory_order_relaxed))) {
+  if (GLT_UNLIKELY((mark.tag != 0) | (switches.untagged_hooks.load(std::memory_order_relaxed) != 0) |
+                   switches.recording_sites.load(std::memory_order_relaxed))) {
     on_free_reported(ptr, usable, mark);
     return;
   }
-  uint16_t open_epoch = marks::epoch.load(std::memory_order_relaxed);
+  uint16_t open_epoch = switches.epoch.load(std::memory_order_relaxed);
   if (GLT_LIKELY((mark.epoch == open_epoch) & (open_epoch != 0))) {
     // No longer anyone's, should the block be handed out again uncounted.
     marks::write(ptr, usable, marks::Mark{});
@@ -384,19 +401,16 @@ __attribute__((always_inline)) inline void on_free(void* ptr, size_t usable) {
   }
 }
 
-// The code of libc10_cuda.so, once CUDA is loaded: operator new called from
+// Whether `caller` is in libc10_cuda.so's code: operator new called from
 // there is the CUDA caching allocator's own bookkeeping (a Block for every
 // split of its reserve, its pools' tree nodes), which follows the state of
 // its cache, not the test's objects. Device memory is judged on its own.
-// Its start, then its length: 0 until both are set, so a reader that sees
-// the length sees the start it goes with.
-std::atomic<uintptr_t> c10_cuda_start{0};
-std::atomic<uintptr_t> c10_cuda_bytes{0};
-
+// The length is 0 until the start is set, so a reader that sees the length
+// sees the start it goes with.
 inline bool from_the_cuda_allocator(void* caller) {
-  uintptr_t bytes = c10_cuda_bytes.load(std::memory_order_acquire);
+  uintptr_t bytes = switches.c10_cuda_bytes.load(std::memory_order_acquire);
   // One comparison: an address below the start wraps past the range.
-  return reinterpret_cast<uintptr_t>(caller) - c10_cuda_start.load(std::memory_order_relaxed) < bytes;
+  return reinterpret_cast<uintptr_t>(caller) - switches.c10_cuda_start.load(std::memory_order_relaxed) < bytes;
 }
 
 // Every block gets a mark and a signpost, counted or not: a free must never
@@ -539,17 +553,16 @@ void operator delete(void* ptr, std::align_val_t, const std::nothrow_t&) noexcep
 void operator delete[](void* ptr, std::align_val_t, const std::nothrow_t&) noexcept { release(ptr); }
 
 namespace glt {
-std::atomic<int> host_object_hooks{0};
-std::atomic<int> host_objects_observed{0};
-}  // namespace glt
+void count_pushed_hooks(int change) { switches.hooks.fetch_add(change, std::memory_order_relaxed); }
 
-namespace glt {
+void count_untagged_hooks(int change) { switches.untagged_hooks.fetch_add(change, std::memory_order_relaxed); }
+
 void leave_out_cuda_allocator() {
-  if (c10_cuda_bytes.load(std::memory_order_acquire) == 0) {
+  if (switches.c10_cuda_bytes.load(std::memory_order_acquire) == 0) {
     CodeRange code = code_of("libc10_cuda.so");
     if (code.end != 0) {
-      c10_cuda_start.store(code.start, std::memory_order_relaxed);
-      c10_cuda_bytes.store(code.end - code.start, std::memory_order_release);
+      switches.c10_cuda_start.store(code.start, std::memory_order_relaxed);
+      switches.c10_cuda_bytes.store(code.end - code.start, std::memory_order_release);
     }
   }
 }
@@ -558,8 +571,8 @@ void leave_out_cuda_allocator() {
 
 extern "C" {
 // Starts (observed = 1) or stops (0) reporting the process's C++ heap to the
-// process-wide sink: only while an observation is open, so operator new
-// costs one load outside leak tests.
+// process-wide sink: only while an observation is open, so outside leak
+// tests operator new reads one cache line of its own besides its block.
 void glt_process_observe_host_objects(int observed) {
   using namespace marks;
   std::lock_guard<std::mutex> guard(tags_mutex);
@@ -571,11 +584,10 @@ void glt_process_observe_host_objects(int observed) {
     if (last_epoch == 0 || last_epoch == kNoEpoch) {
       last_epoch = 1;
     }
-    epoch.store(last_epoch, std::memory_order_relaxed);
+    switches.epoch.store(last_epoch, std::memory_order_release);
   } else {
-    epoch.store(0, std::memory_order_relaxed);
+    switches.epoch.store(0, std::memory_order_release);
   }
-  glt::host_objects_observed.store(observed != 0 ? 1 : 0, std::memory_order_release);
 }
 
 // The process's counted C++ heap since the observation opened: live bytes
@@ -640,8 +652,8 @@ void glt_host_objects_record_tag(int tag, int record) {
 }
 
 // Also feeds the process sink's tracker (record = 1), for attribution.
-void glt_process_record_host_object_sites(int record) { recording_sites.store(record != 0, std::memory_order_relaxed); }
+void glt_process_record_host_object_sites(int record) { switches.recording_sites.store(record != 0, std::memory_order_relaxed); }
 
 // Stops (off = 1) or restarts (0) every report of the C++ heap.
-void glt_host_objects_switch_off(int off) { switched_off.store(off != 0, std::memory_order_relaxed); }
+void glt_host_objects_switch_off(int off) { switches.switched_off.store(off != 0, std::memory_order_relaxed); }
 }

@@ -548,12 +548,12 @@ struct RustHook final : c10::MemoryReportingInfoBase {
       : on_event(on_event), on_oom(on_oom), on_release(on_release), context(context), tag(tag) {
     register_hook(this, true);
     if (tag == 0) {
-      glt::untagged_hooks.fetch_add(1, std::memory_order_relaxed);
+      glt::count_untagged_hooks(1);
     }
   }
   ~RustHook() override {
     if (tag == 0) {
-      glt::untagged_hooks.fetch_sub(1, std::memory_order_relaxed);
+      glt::count_untagged_hooks(-1);
     }
     register_hook(this, false);
     on_release(context);
@@ -589,8 +589,6 @@ RustHook* innermost_hook() {
 }  // namespace
 
 namespace glt {
-std::atomic<int> untagged_hooks{0};
-
 uint8_t current_hook_tag(bool* hooked) {
   RustHook* hook = own_hook != nullptr ? own_hook : innermost_hook();
   *hooked = hook != nullptr;
@@ -629,7 +627,7 @@ char* glt_hook_push(glt_event_fn on_event, glt_oom_fn on_oom, glt_release_fn on_
     RustHook* pushed = hook.get();
     c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(hook));
     own_hook = pushed;
-    glt::host_object_hooks.fetch_add(1, std::memory_order_relaxed);
+    glt::count_pushed_hooks(1);
   });
 }
 
@@ -644,7 +642,7 @@ char* glt_hook_pop() {
       throw std::runtime_error(
           "the innermost profiler state on this thread is not a gpu-leak-test hook");
     }
-    glt::host_object_hooks.fetch_sub(1, std::memory_order_relaxed);
+    glt::count_pushed_hooks(-1);
     own_hook = innermost_hook();
   });
 }

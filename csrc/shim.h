@@ -31,17 +31,17 @@ struct CodeRange {
 // loaded (driver_calls.cpp).
 CodeRange code_of(const char* library, uintptr_t address = 0);
 
-// Threads with a gpu-leak-test hook pushed, and whether a process-wide
-// observation is open: operator new reports only while one is non-zero.
-extern std::atomic<int> host_object_hooks;
-extern std::atomic<int> host_objects_observed;
+// A gpu-leak-test hook was pushed on some thread (change = 1) or popped
+// (-1): operator new reports only while one is pushed or a process-wide
+// observation is open (host_objects.cpp).
+void count_pushed_hooks(int change);
 
 // The tag of the innermost gpu-leak-test hook on this thread (0 where its
 // tracker has none), and whether there is one (shim.cpp).
 uint8_t current_hook_tag(bool* hooked);
-// Hooks without a tag: each C++ heap free must reach them (see
-// report_to_hook).
-extern std::atomic<int> untagged_hooks;
+// A hook without a tag came to be (change = 1) or went (-1): each C++ heap
+// free must reach those (see report_to_hook; host_objects.cpp).
+void count_untagged_hooks(int change);
 
 // Reports a block the hook cannot see itself (a C++ heap block, a driver
 // allocation; size > 0) to the hook on this thread, where there is one,
