@@ -2,7 +2,8 @@
 //!
 //! `cargo bench --bench overhead` (or `scripts/bench.sh`) prints Markdown:
 //!
-//! 1. Two training steps four ways each, alternating within each round:
+//! 1. Two training steps four ways each, taking turns within each round in
+//!    an order that changes every turn (`turn_order`):
 //!    plain (no hook installed at all); a passing leak test in thread scope
 //!    (the hook, counting); in process scope (every thread, through the
 //!    counting CPU allocator and the CUDA trace tracker); attribution forced
@@ -35,7 +36,9 @@
 //! `--rounds=N` sets the step sections' rounds, `--round-seconds=S` how long
 //! each variant runs per round (0.3 s), `--block-steps=N` has the variants
 //! take turns every N steps within a round, and `--counting-only` runs only
-//! the counting target's variants there, so many rounds fit; `--devices=cuda`
+//! the counting target's variants there, so many rounds fit, with plain
+//! again as a variant of its own, whose ratio is the run's own bias and
+//! noise between variants; `--devices=cuda`
 //! (or `cpu`) runs the step sections on that device only, for a profiler.
 //! `--save-rounds=FILE` appends every round's ratios of the step sections,
 //! with plain's step time, to FILE as they come, and `overhead --pool-rounds
@@ -228,6 +231,9 @@ enum Variant {
     /// Process scope without the Rust heap's count (the counting global
     /// allocator only hands calls on): what that layer costs.
     ProcessWithoutRustHeap,
+    /// Plain again, as a variant of its own: it costs what plain costs, so
+    /// its ratio shows the run's own bias and noise between variants.
+    PlainAgain,
 }
 
 const VARIANTS: [Variant; 9] = [
@@ -249,7 +255,10 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     gpu_leak_test::internals::switches::switch_off_host_objects(tensors_only);
     // The counting global allocator counts every Rust allocation of the
     // process, in a leak test or not: plain is the step without it.
-    gpu_leak_test::internals::switches::switch_off_rust_heap(matches!(variant, Variant::Plain | Variant::ProcessWithoutRustHeap));
+    gpu_leak_test::internals::switches::switch_off_rust_heap(matches!(
+        variant,
+        Variant::Plain | Variant::PlainAgain | Variant::ProcessWithoutRustHeap
+    ));
     gpu_leak_test::internals::probe::driver::force((variant == Variant::ProcessWithoutDriverCalls).then_some(false));
     let observation = matches!(
         variant,
@@ -350,14 +359,66 @@ fn step_label(variant: Variant) -> &'static str {
         Variant::ProcessWithoutDriverCalls => "process scope without the CUDA driver's calls (CUPTI)",
         Variant::AttributionWithHostObjects => "attribution with a stack for every C++ heap block too (as before)",
         Variant::ProcessWithoutRustHeap => "process scope without the Rust heap",
+        Variant::PlainAgain => "plain again (costs what plain costs: the run's own bias and noise)",
     }
 }
 
 /// The variants that decide the counting target (process scope, and it
 /// without each host layer): fewer variants, so more rounds fit where the
-/// median's spread must be narrower than the target's margin.
-const COUNTING_VARIANTS: [Variant; 4] =
-    [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap];
+/// median's spread must be narrower than the target's margin. Plain again
+/// checks the run: its ratio should be 1, within its interval.
+const COUNTING_VARIANTS: [Variant; 5] =
+    [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap, Variant::PlainAgain];
+
+/// The order in which `count` variants take their turns in turn `turn` (a
+/// block of a round): a Williams design. Over every `count` turns (twice
+/// that where `count` is odd) each variant comes first equally often and
+/// comes right after each other variant equally often, so what a variant
+/// leaves behind (caches, the heap's layout, trained branches) falls on
+/// every variant alike. The rotation used before kept each variant's
+/// predecessor fixed: process scope always ran right after plain.
+fn turn_order(count: usize, turn: usize) -> Vec<usize> {
+    // The first row: 0, 1, count-1, 2, count-2, ...
+    let first = (0..count).map(|i| match i {
+        0 => 0,
+        _ if i % 2 == 1 => i.div_ceil(2),
+        _ => count - i / 2,
+    });
+    let row = turn % if count % 2 == 0 { count } else { 2 * count };
+    let mut order: Vec<usize> = first.map(|v| (v + row) % count).collect();
+    // Where `count` is odd, the second `count` rows are the first ones reversed.
+    if row >= count {
+        order.reverse();
+    }
+    order
+}
+
+/// Panics unless `turn_order` balances what it promises, for every count a
+/// section uses: checked at every start (it takes microseconds), so the
+/// design cannot rot.
+fn check_turn_orders() {
+    for count in 1..=VARIANTS.len() + 1 {
+        let rows = if count % 2 == 0 { count } else { 2 * count };
+        let mut first = vec![0; count];
+        let mut after = vec![vec![0; count]; count];
+        for turn in 0..rows {
+            let order = turn_order(count, turn);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..count).collect::<Vec<_>>(), "turn {turn} of {count} is not an order of them all");
+            first[order[0]] += 1;
+            for pair in order.windows(2) {
+                after[pair[0]][pair[1]] += 1;
+            }
+        }
+        assert!(first.iter().all(|&n| n == rows / count), "{count} variants: not each first equally often: {first:?}");
+        for (a, row) in after.iter().enumerate() {
+            for (b, &n) in row.iter().enumerate() {
+                assert_eq!(n, if a == b { 0 } else { rows / count }, "{count} variants: {b} after {a} {n} times in {rows} turns");
+            }
+        }
+    }
+}
 
 /// Where `--save-rounds=FILE` sends each round's ratios: one line per round
 /// and variant, `heading<TAB>variant<TAB>ratio<TAB>plain step ms`, written
@@ -449,10 +510,9 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
         let mut times = vec![0.0; variants.len()];
         for b in 0..blocks {
             let steps = block.min(steps_per_round - b * block);
-            for k in 0..variants.len() {
-                // Rotate the order every block and round so drift hits every
-                // variant alike.
-                let index = (k + round + b) % variants.len();
+            // A new order every block and round, so drift and what each
+            // variant leaves behind hit every variant alike.
+            for index in turn_order(variants.len(), round * blocks + b) {
                 times[index] += time_variant(step, device, variants[index], steps) * steps as f64 / steps_per_round as f64;
             }
         }
@@ -467,7 +527,7 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let (plain, _, _) = summary(&mut plain_times);
     println!("### {heading}\n");
     println!(
-        "{} rounds of {} steps per variant, variants alternating{}; plain step {:.3} ms (median); {events} allocator events \
+        "{} rounds of {} steps per variant, variants taking turns in a balanced order{}; plain step {:.3} ms (median); {events} allocator events \
          per step (allocations and frees) on the step's threads, {process_events} in the whole process, and \
          {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {}.\n",
         scale.rounds,
@@ -498,9 +558,9 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
 }
 
 /// Each of `variants` timed once to warm up, then `rounds` rounds in which
-/// they take turns, the order rotating every round so drift hits each
-/// alike: plain's figures (the first variant), and what each other variant
-/// added to plain's in the same round.
+/// they take turns, in a new order every round (`turn_order`) so drift hits
+/// each alike: plain's figures (the first variant), and what each other
+/// variant added to plain's in the same round.
 fn added_to_plain(rounds: usize, variants: &[Variant], mut time: impl FnMut(Variant) -> f64) -> (Vec<f64>, Vec<Vec<f64>>) {
     assert_eq!(variants[0], Variant::Plain, "figures are added to plain's");
     for &variant in variants {
@@ -510,8 +570,7 @@ fn added_to_plain(rounds: usize, variants: &[Variant], mut time: impl FnMut(Vari
     let mut added = vec![Vec::new(); variants.len() - 1];
     for round in 0..rounds {
         let mut figures = vec![0.0; variants.len()];
-        for k in 0..variants.len() {
-            let index = (k + round) % variants.len();
+        for index in turn_order(variants.len(), round) {
             figures[index] = time(variants[index]);
         }
         plain.push(figures[0]);
@@ -1028,6 +1087,7 @@ fn main() {
         let file = file.unwrap_or_else(|e| panic!("--save-rounds: cannot open {path} to append: {e}"));
         SAVED_ROUNDS.set(Mutex::new(file)).unwrap();
     }
+    check_turn_orders();
     let full = args.iter().any(|a| a == "--bench");
     let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
     let wanted = |section: &str| named.is_empty() || named.contains(&section);
