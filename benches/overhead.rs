@@ -38,7 +38,8 @@
 //! take turns every N steps within a round, and `--counting-only` runs only
 //! the counting target's variants there, so many rounds fit, with plain
 //! again as a variant of its own, whose ratio is the run's own bias and
-//! noise between variants; `--devices=cuda`
+//! noise between variants (`--target-only`: only all layers against plain,
+//! and plain again, so still more rounds fit); `--devices=cuda`
 //! (or `cpu`) runs the step sections on that device only, for a profiler.
 //! `--save-rounds=FILE` appends every round's ratios of the step sections,
 //! with plain's step time, to FILE as they come, and `overhead --pool-rounds
@@ -369,6 +370,12 @@ fn step_label(variant: Variant) -> &'static str {
 /// checks the run: its ratio should be 1, within its interval.
 const COUNTING_VARIANTS: [Variant; 5] =
     [Variant::Plain, Variant::Process, Variant::ProcessTensorsOnly, Variant::ProcessWithoutRustHeap, Variant::PlainAgain];
+
+/// Only what the counting target is read from, all layers against plain,
+/// with plain again to check the run: 3 variants where `COUNTING_VARIANTS`
+/// has 5, so a device's minutes hold 5/3 as many rounds, for an interval
+/// inside the target's margin once the layers' shares are known.
+const TARGET_VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Process, Variant::PlainAgain];
 
 /// The order in which `count` variants take their turns in turn `turn` (a
 /// block of a round): a Williams design. Over every `count` turns (twice
@@ -1112,8 +1119,15 @@ fn main() {
     // `--runs=N`: how many clean runs the false-alarm section makes.
     let false_alarm_runs = args.iter().find_map(|a| a.strip_prefix("--runs=")?.parse::<usize>().ok());
     // `--counting-only`: the step sections run only the counting target's
-    // variants, so `--rounds` can be large.
-    let variants: &[Variant] = if args.iter().any(|a| a == "--counting-only") { &COUNTING_VARIANTS } else { &VARIANTS };
+    // variants, so `--rounds` can be large; `--target-only`, only the
+    // target's own figure.
+    let variants: &[Variant] = if args.iter().any(|a| a == "--target-only") {
+        &TARGET_VARIANTS
+    } else if args.iter().any(|a| a == "--counting-only") {
+        &COUNTING_VARIANTS
+    } else {
+        &VARIANTS
+    };
     let has_cuda = cuda::is_available();
     println!("## gpu-leak-test overhead and sensitivity\n");
     println!(
