@@ -1121,9 +1121,15 @@ fn main() {
     // `--counting-only`: the step sections run only the counting target's
     // variants, so `--rounds` can be large; `--target-only`, only the
     // target's own figure.
-    let variants: &[Variant] = if args.iter().any(|a| a == "--target-only") {
+    let target_only = args.iter().any(|a| a == "--target-only");
+    let counting_only = args.iter().any(|a| a == "--counting-only");
+    assert!(
+        !(target_only && counting_only),
+        "--target-only and --counting-only choose different variant sets: pass one of them"
+    );
+    let variants: &[Variant] = if target_only {
         &TARGET_VARIANTS
-    } else if args.iter().any(|a| a == "--counting-only") {
+    } else if counting_only {
         &COUNTING_VARIANTS
     } else {
         &VARIANTS
