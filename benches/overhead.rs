@@ -45,6 +45,10 @@
 //! with plain's step time, to FILE as they come, and `overhead --pool-rounds
 //! FILE...` prints the table of the rounds of several runs together: where
 //! one run cannot hold enough rounds for an interval inside a target's margin.
+//! `--save-blocks=FILE` appends each block's time per step, and `overhead
+//! --pool-blocks FILE...` prints what moves a round's ratio: each variant's
+//! spread of block times, and the rounds' ratios with each variant's slowest
+//! block left out, beside the ratios as measured.
 //!
 //! Run without `--bench` (as `cargo test --benches` does) it only smoke-tests
 //! each part with tiny counts.
@@ -440,6 +444,121 @@ fn save_round(heading: &str, variant: Variant, ratio: f64, plain_ms: f64) {
     }
 }
 
+/// Where `--save-blocks=FILE` sends each block's time: one line per block,
+/// `heading<TAB>round<TAB>variant<TAB>steps<TAB>seconds per step`, a round's
+/// lines written together as the round ends.
+static SAVED_BLOCKS: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
+
+fn save_blocks(heading: &str, round: usize, blocks: &[(Variant, usize, f64)]) {
+    if let Some(file) = SAVED_BLOCKS.get() {
+        let lines: String = blocks
+            .iter()
+            .map(|&(variant, steps, seconds)| format!("{heading}\t{round}\t{}\t{steps}\t{seconds}\n", step_label(variant)))
+            .collect();
+        file.lock().unwrap().write_all(lines.as_bytes()).expect("--save-blocks: the file takes the round");
+    }
+}
+
+/// `--pool-blocks FILE...`: the blocks that `--save-blocks` kept, per step.
+/// For each variant, its block times per step against plain's median block
+/// (median, 90th and 99th percentile, max); then the rounds' ratios as the
+/// step sections measure them (each variant's mean over its blocks against
+/// plain's), beside the same rounds with each variant's slowest block left
+/// out. Where leaving one block out narrows the interval much, single slow
+/// blocks move the figure, not the variant's steady cost. A diagnostic: the
+/// target's figure stays the mean, which a slow block is part of.
+fn pool_blocks(files: &[String]) {
+    // One round's blocks: each variant's (steps, seconds per step).
+    type RoundBlocks = Vec<(String, Vec<Block>)>;
+    // A step's rounds, each keyed by its file and round number.
+    type StepBlocks = Vec<((usize, usize), RoundBlocks)>;
+    let mut steps: Vec<(String, StepBlocks)> = Vec::new();
+    for (f, file) in files.iter().enumerate() {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--pool-blocks: cannot read {file}: {e}"));
+        for line in text.lines() {
+            // A run killed mid-write leaves at most its last line partial.
+            let [heading, round, variant, count, seconds] = line.split('\t').collect::<Vec<_>>()[..] else { continue };
+            let (Ok(round), Ok(count), Ok(seconds)) = (round.parse::<usize>(), count.parse::<usize>(), seconds.parse::<f64>()) else {
+                continue;
+            };
+            let rounds = match steps.iter().position(|(h, _)| h == heading) {
+                Some(i) => &mut steps[i].1,
+                None => {
+                    steps.push((heading.to_string(), Vec::new()));
+                    &mut steps.last_mut().unwrap().1
+                }
+            };
+            if rounds.last().is_none_or(|(key, _)| *key != (f, round)) {
+                rounds.push(((f, round), Vec::new()));
+            }
+            let variants = &mut rounds.last_mut().unwrap().1;
+            match variants.iter_mut().find(|(v, _)| v == variant) {
+                Some((_, blocks)) => blocks.push((count, seconds)),
+                None => variants.push((variant.to_string(), vec![(count, seconds)])),
+            }
+        }
+    }
+    for (heading, rounds) in &steps {
+        // Only whole rounds: a run cut off mid-round leaves its last one partial.
+        let names: Vec<String> = rounds.iter().flat_map(|(_, v)| v.iter().map(|(n, _)| n.clone())).fold(Vec::new(), |mut names, n| {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+            names
+        });
+        let whole: Vec<&RoundBlocks> = rounds.iter().map(|(_, v)| v).filter(|v| v.len() == names.len()).collect();
+        let Some(plain) = names.first() else { continue };
+        let blocks_of = |round: &RoundBlocks, name: &str| round.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()).unwrap();
+        let mut plain_blocks: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, plain).into_iter().map(|b| b.1)).collect();
+        let (plain_median, _, _) = summary(&mut plain_blocks);
+        println!("### {heading}, blocks pooled from {}\n", files.join(", "));
+        println!(
+            "{} whole rounds; plain's median block {:.3} ms per step. Block times per step against plain's median block:\n",
+            whole.len(),
+            plain_median * 1e3
+        );
+        println!("| variant | blocks | median | 90th percentile | 99th percentile | max |\n| --- | --- | --- | --- | --- | --- |");
+        for name in &names {
+            let mut times: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, name).into_iter().map(|b| b.1 / plain_median)).collect();
+            times.sort_by(f64::total_cmp);
+            let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+            println!("| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} |", times.len(), at(0.5), at(0.9), at(0.99), at(1.0));
+        }
+        println!("\n| variant | rounds' ratio to plain, as measured: median (95% interval), sd | each variant's slowest block left out: median (95% interval), sd |\n| --- | --- | --- |");
+        for name in &names[1..] {
+            let ratios = |of: fn(&[Block]) -> f64| -> Vec<f64> {
+                whole.iter().map(|r| of(&blocks_of(r, name)) / of(&blocks_of(r, plain))).collect()
+            };
+            let cells = |mut values: Vec<f64>| {
+                let n = values.len() as f64;
+                let average = values.iter().sum::<f64>() / n;
+                let sd = (values.iter().map(|v| (v - average).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+                let (low, high) = median_interval(&mut values);
+                let (median, _, _) = summary(&mut values);
+                format!("{median:.3} ({low:.3} to {high:.3}), {sd:.3}")
+            };
+            println!("| {name} | {} | {} |", cells(ratios(mean_per_step)), cells(ratios(mean_without_slowest)));
+        }
+        println!();
+    }
+}
+
+/// One block of a variant: its steps, and its seconds per step.
+type Block = (usize, f64);
+
+fn mean_per_step(blocks: &[Block]) -> f64 {
+    let steps: usize = blocks.iter().map(|b| b.0).sum();
+    blocks.iter().map(|&(n, seconds)| n as f64 * seconds).sum::<f64>() / steps.max(1) as f64
+}
+
+/// The mean per step with the slowest block left out (all of them where
+/// there is one).
+fn mean_without_slowest(blocks: &[Block]) -> f64 {
+    let slowest = blocks.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).map(|(i, _)| i);
+    let kept: Vec<Block> = blocks.iter().enumerate().filter(|(i, _)| Some(*i) != slowest).map(|(_, b)| *b).collect();
+    mean_per_step(if kept.is_empty() { blocks } else { &kept })
+}
+
 /// A step's plain step times (ms, one per round), and its variants, each
 /// with the ratios of its kept rounds.
 type StepRounds = (Vec<f64>, Vec<(String, Vec<f64>)>);
@@ -515,14 +634,18 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let heading = format!("{} on {device:?}", step.describe());
     for round in 0..scale.rounds {
         let mut times = vec![0.0; variants.len()];
+        let mut block_times = Vec::new();
         for b in 0..blocks {
             let steps = block.min(steps_per_round - b * block);
             // A new order every block and round, so drift and what each
             // variant leaves behind hit every variant alike.
             for index in turn_order(variants.len(), round * blocks + b) {
-                times[index] += time_variant(step, device, variants[index], steps) * steps as f64 / steps_per_round as f64;
+                let seconds = time_variant(step, device, variants[index], steps);
+                times[index] += seconds * steps as f64 / steps_per_round as f64;
+                block_times.push((variants[index], steps, seconds));
             }
         }
+        save_blocks(&heading, round, &block_times);
         plain_times.push(times[0]);
         for v in 1..variants.len() {
             let ratio = times[v] / times[0];
@@ -1088,6 +1211,15 @@ fn main() {
     if let Some(at) = args.iter().position(|a| a == "--pool-rounds") {
         pool_rounds(&args[at + 1..]);
         return;
+    }
+    if let Some(at) = args.iter().position(|a| a == "--pool-blocks") {
+        pool_blocks(&args[at + 1..]);
+        return;
+    }
+    if let Some(path) = args.iter().find_map(|a| a.strip_prefix("--save-blocks=")) {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+        let file = file.unwrap_or_else(|e| panic!("--save-blocks: cannot open {path} to append: {e}"));
+        SAVED_BLOCKS.set(Mutex::new(file)).unwrap();
     }
     if let Some(path) = args.iter().find_map(|a| a.strip_prefix("--save-rounds=")) {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
