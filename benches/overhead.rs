@@ -499,7 +499,8 @@ fn pool_blocks(files: &[String]) {
         }
     }
     for (heading, rounds) in &steps {
-        // Only whole rounds: a run cut off mid-round leaves its last one partial.
+        // A round's lines go out in one write, so a run cut off keeps whole
+        // rounds; one that still lacks a variant is left out.
         let names: Vec<String> = rounds.iter().flat_map(|(_, v)| v.iter().map(|(n, _)| n.clone())).fold(Vec::new(), |mut names, n| {
             if !names.contains(&n) {
                 names.push(n);
