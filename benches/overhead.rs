@@ -437,11 +437,36 @@ fn check_turn_orders() {
 static SAVED_ROUNDS: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
 
 fn save_round(heading: &str, variant: Variant, ratio: f64, plain_ms: f64) {
-    if let Some(file) = SAVED_ROUNDS.get() {
-        // One write per line: runs appending to one file do not interleave.
-        let line = format!("{heading}\t{}\t{ratio}\t{plain_ms}\n", step_label(variant));
-        file.lock().unwrap().write_all(line.as_bytes()).expect("--save-rounds: the file takes the round");
+    // One write per line: runs appending to one file do not interleave.
+    append(&SAVED_ROUNDS, "--save-rounds", || format!("{heading}\t{}\t{ratio}\t{plain_ms}\n", step_label(variant)));
+}
+
+/// `--save-rounds=FILE` and `--save-blocks=FILE`: FILE opened to append, into
+/// `saved`.
+fn open_to_append(saved: &OnceLock<Mutex<std::fs::File>>, flag: &str, path: &str) {
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+    let file = file.unwrap_or_else(|e| panic!("{flag}: cannot open {path} to append: {e}"));
+    saved.set(Mutex::new(file)).unwrap();
+}
+
+/// `text` in one write to the file that `flag` opened, if it was given.
+fn append(saved: &OnceLock<Mutex<std::fs::File>>, flag: &str, text: impl FnOnce() -> String) {
+    if let Some(file) = saved.get() {
+        file.lock().unwrap().write_all(text().as_bytes()).unwrap_or_else(|e| panic!("{flag}: cannot write: {e}"));
     }
+}
+
+/// The entry named `name` in a list kept in first-seen order, added empty if
+/// it is not there yet.
+fn named_entry<'a, T: Default>(list: &'a mut Vec<(String, T)>, name: &str) -> &'a mut T {
+    let at = match list.iter().position(|(n, _)| n == name) {
+        Some(at) => at,
+        None => {
+            list.push((name.to_string(), T::default()));
+            list.len() - 1
+        }
+    };
+    &mut list[at].1
 }
 
 /// Where `--save-blocks=FILE` sends each block's time: one line per block,
@@ -450,13 +475,12 @@ fn save_round(heading: &str, variant: Variant, ratio: f64, plain_ms: f64) {
 static SAVED_BLOCKS: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
 
 fn save_blocks(heading: &str, round: usize, blocks: &[(Variant, usize, f64)]) {
-    if let Some(file) = SAVED_BLOCKS.get() {
-        let lines: String = blocks
+    append(&SAVED_BLOCKS, "--save-blocks", || {
+        blocks
             .iter()
             .map(|&(variant, steps, seconds)| format!("{heading}\t{round}\t{}\t{steps}\t{seconds}\n", step_label(variant)))
-            .collect();
-        file.lock().unwrap().write_all(lines.as_bytes()).expect("--save-blocks: the file takes the round");
-    }
+            .collect()
+    });
 }
 
 /// `--pool-blocks FILE...`: the blocks that `--save-blocks` kept, per step.
@@ -472,6 +496,9 @@ fn pool_blocks(files: &[String]) {
     type RoundBlocks = Vec<(String, Vec<Block>)>;
     // A step's rounds, each keyed by its file and round number.
     type StepBlocks = Vec<((usize, usize), RoundBlocks)>;
+    fn blocks_of<'a>(round: &'a RoundBlocks, name: &str) -> &'a [Block] {
+        &round.iter().find(|(n, _)| n == name).unwrap().1
+    }
     let mut steps: Vec<(String, StepBlocks)> = Vec::new();
     for (f, file) in files.iter().enumerate() {
         let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--pool-blocks: cannot read {file}: {e}"));
@@ -481,36 +508,25 @@ fn pool_blocks(files: &[String]) {
             let (Ok(round), Ok(count), Ok(seconds)) = (round.parse::<usize>(), count.parse::<usize>(), seconds.parse::<f64>()) else {
                 continue;
             };
-            let rounds = match steps.iter().position(|(h, _)| h == heading) {
-                Some(i) => &mut steps[i].1,
-                None => {
-                    steps.push((heading.to_string(), Vec::new()));
-                    &mut steps.last_mut().unwrap().1
-                }
-            };
+            let rounds = named_entry(&mut steps, heading);
             if rounds.last().is_none_or(|(key, _)| *key != (f, round)) {
                 rounds.push(((f, round), Vec::new()));
             }
-            let variants = &mut rounds.last_mut().unwrap().1;
-            match variants.iter_mut().find(|(v, _)| v == variant) {
-                Some((_, blocks)) => blocks.push((count, seconds)),
-                None => variants.push((variant.to_string(), vec![(count, seconds)])),
-            }
+            named_entry(&mut rounds.last_mut().unwrap().1, variant).push((count, seconds));
         }
     }
     for (heading, rounds) in &steps {
         // A round's lines go out in one write, so a run cut off keeps whole
         // rounds; one that still lacks a variant is left out.
-        let names: Vec<String> = rounds.iter().flat_map(|(_, v)| v.iter().map(|(n, _)| n.clone())).fold(Vec::new(), |mut names, n| {
-            if !names.contains(&n) {
-                names.push(n);
+        let mut names: Vec<&String> = Vec::new();
+        for (name, _) in rounds.iter().flat_map(|(_, variants)| variants) {
+            if !names.contains(&name) {
+                names.push(name);
             }
-            names
-        });
+        }
         let whole: Vec<&RoundBlocks> = rounds.iter().map(|(_, v)| v).filter(|v| v.len() == names.len()).collect();
         let Some(plain) = names.first() else { continue };
-        let blocks_of = |round: &RoundBlocks, name: &str| round.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()).unwrap();
-        let mut plain_blocks: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, plain).into_iter().map(|b| b.1)).collect();
+        let mut plain_blocks: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, plain).iter().map(|b| b.1)).collect();
         let (plain_median, _, _) = summary(&mut plain_blocks);
         println!("### {heading}, blocks pooled from {}\n", files.join(", "));
         println!(
@@ -520,7 +536,7 @@ fn pool_blocks(files: &[String]) {
         );
         println!("| variant | blocks | median | 90th percentile | 99th percentile | max |\n| --- | --- | --- | --- | --- | --- |");
         for name in &names {
-            let mut times: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, name).into_iter().map(|b| b.1 / plain_median)).collect();
+            let mut times: Vec<f64> = whole.iter().flat_map(|r| blocks_of(r, name).iter().map(|b| b.1 / plain_median)).collect();
             times.sort_by(f64::total_cmp);
             let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
             println!("| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} |", times.len(), at(0.5), at(0.9), at(0.99), at(1.0));
@@ -528,7 +544,7 @@ fn pool_blocks(files: &[String]) {
         println!("\n| variant | rounds' ratio to plain, as measured: median (95% interval), sd | each variant's slowest block left out: median (95% interval), sd |\n| --- | --- | --- |");
         for name in &names[1..] {
             let ratios = |of: fn(&[Block]) -> f64| -> Vec<f64> {
-                whole.iter().map(|r| of(&blocks_of(r, name)) / of(&blocks_of(r, plain))).collect()
+                whole.iter().map(|r| of(blocks_of(r, name)) / of(blocks_of(r, plain))).collect()
             };
             let cells = |mut values: Vec<f64>| {
                 let n = values.len() as f64;
@@ -580,22 +596,13 @@ fn pool_rounds(files: &[String]) {
             };
             let Ok(ratio) = ratio.parse::<f64>() else { continue };
             let plain_ms = plain_ms.and_then(|ms| ms.parse::<f64>().ok());
-            let (plain, variants) = match steps.iter().position(|(h, _)| h == heading) {
-                Some(i) => &mut steps[i].1,
-                None => {
-                    steps.push((heading.to_string(), (Vec::new(), Vec::new())));
-                    &mut steps.last_mut().unwrap().1
-                }
-            };
+            let (plain, variants) = named_entry(&mut steps, heading);
             // Every variant's line repeats its round's plain time; the
             // first variant's lines count each round once.
             if variants.first().is_none_or(|(first, _)| first == variant) {
                 plain.extend(plain_ms);
             }
-            match variants.iter_mut().find(|(v, _)| v == variant) {
-                Some((_, ratios)) => ratios.push(ratio),
-                None => variants.push((variant.to_string(), vec![ratio])),
-            }
+            named_entry(variants, variant).push(ratio);
         }
     }
     for (heading, (plain, variants)) in &mut steps {
@@ -1218,14 +1225,10 @@ fn main() {
         return;
     }
     if let Some(path) = args.iter().find_map(|a| a.strip_prefix("--save-blocks=")) {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
-        let file = file.unwrap_or_else(|e| panic!("--save-blocks: cannot open {path} to append: {e}"));
-        SAVED_BLOCKS.set(Mutex::new(file)).unwrap();
+        open_to_append(&SAVED_BLOCKS, "--save-blocks", path);
     }
     if let Some(path) = args.iter().find_map(|a| a.strip_prefix("--save-rounds=")) {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
-        let file = file.unwrap_or_else(|e| panic!("--save-rounds: cannot open {path} to append: {e}"));
-        SAVED_ROUNDS.set(Mutex::new(file)).unwrap();
+        open_to_append(&SAVED_ROUNDS, "--save-rounds", path);
     }
     check_turn_orders();
     let full = args.iter().any(|a| a == "--bench");
