@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The performance targets' figures on one GPU machine without cargo, in as
+# few calls as a lent device allows. DIR is the folder that both
+# `scripts/gpu-archive.sh DIR` and `scripts/bench.sh --gpu DIR` filled on the
+# CPU builder; run this from the root of a checkout of the same commit:
+#
+#   scripts/gpu-targets.sh DIR PART...
+#
+# Parts, run in the order given:
+#   suite   the whole suite under each allocator backend (native,
+#           cudaMallocAsync, expandable segments, caching off) with
+#           GPU_LEAK_TEST_TIMINGS set: per backend nextest's summary, the
+#           harness's own time per leak test (scripts/harness-time.py), the
+#           report-consistency check, and whether every CUDA test's verdict
+#           is the one it had under the first backend
+#   step    overhead --bench step, every variant, ROUNDS rounds (25)
+#   heavy   overhead --bench heavy, likewise
+#   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
+#   count   the counting target on the allocation-heavy CUDA step
+#           (--target-only, blocks of 2 steps, rounds of 1 s) until UNTIL
+#
+# UNTIL (seconds after this script starts; 570 by default) cuts off
+# whatever part is running then, so a call ends inside a device's limit; the
+# bench parts keep every finished round in LOGS/rounds_PART.tsv, which
+# `overhead --pool-rounds` reads back. Logs go to LOGS (target/gpu-targets).
+set -uo pipefail
+dir=$(cd "${1:?usage: scripts/gpu-targets.sh DIR PART...}" && pwd)
+shift
+repo=$(pwd)
+logs=$(realpath -m "${LOGS:-target/gpu-targets}")
+mkdir -p "$logs"
+start=$(date +%s)
+until=${UNTIL:-570}
+# Seconds left before UNTIL, at least 1: `timeout 0` would mean no limit.
+left() {
+    local n=$((until - ($(date +%s) - start)))
+    echo $((n > 1 ? n : 1))
+}
+export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# The verdict of each CUDA test's report, one "stem kind" line each.
+cuda_verdicts() {
+    python3 - "$1" <<'PY'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        report = json.load(open(path, encoding="utf-8"))
+    except (OSError, ValueError):
+        continue
+    if isinstance(report, dict) and str(report.get("device", "")).startswith("cuda"):
+        print(os.path.basename(path)[: -len(".json")], report["verdict"]["kind"])
+PY
+}
+
+suite() {
+    local first=""
+    for backend in native async expandable nocache; do
+        local setting
+        case $backend in
+            native) setting= ;;
+            async) setting=PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
+            expandable) setting=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+            nocache) setting=PYTORCH_NO_CUDA_MEMORY_CACHING=1 ;;
+        esac
+        # Each backend's reports apart, so the check reads only its own.
+        rm -rf target/gpu-leak-test
+        local t0=$(date +%s)
+        env $setting GPU_LEAK_TEST_TIMINGS="$logs/timings_$backend.jsonl" timeout "$(left)" \
+            "$dir/gpu-run.sh" "$dir" --status-level fail --final-status-level fail >"$logs/suite_$backend.log" 2>&1
+        local status=$?
+        echo "## $backend ${setting:+($setting)}: exit $status, $(($(date +%s) - t0)) s"
+        grep -E '^ *Summary|^ *FAIL ' "$logs/suite_$backend.log" | sort -u | head -20
+        if [ "$status" = 124 ]; then
+            echo "cut off at UNTIL: no timings, verdicts or check for this backend"
+            continue
+        fi
+        python3 scripts/harness-time.py "$logs/timings_$backend.jsonl" "$backend, $(nproc) CPU threads"
+        GPU_LEAK_TEST_REPORT_DIR="$repo/target/gpu-leak-test" timeout "$(left)" \
+            "$dir/gpu-run.sh" "$dir" -E 'binary(report_consistency)' --run-ignored only >"$logs/consistency_$backend.log" 2>&1
+        echo "report-consistency check: exit $?"
+        cuda_verdicts target/gpu-leak-test >"$logs/verdicts_$backend.txt"
+        if [ ! -s "$logs/verdicts_$backend.txt" ]; then
+            echo "CUDA verdicts: none (no CUDA test wrote a report)"
+        else
+            echo "CUDA verdicts: $(awk '{print $2}' "$logs/verdicts_$backend.txt" | sort | uniq -c | awk '{printf "%s %s; ", $2, $1}')"
+        fi
+        if [ ! -s "$logs/verdicts_$backend.txt" ]; then
+            :
+        elif [ -z "$first" ]; then
+            first=$backend
+        elif diff "$logs/verdicts_$first.txt" "$logs/verdicts_$backend.txt" >"$logs/verdicts_diff_$backend.txt"; then
+            echo "every CUDA verdict as under $first"
+        else
+            echo "CUDA verdicts that differ from $first's:"
+            cat "$logs/verdicts_diff_$backend.txt"
+        fi
+        rm -rf "$logs/reports_$backend"
+        mv target/gpu-leak-test "$logs/reports_$backend"
+    done
+}
+
+bench() {
+    timeout "$(left)" "$dir/overhead" --bench "$1" --rounds="${ROUNDS:-25}" --save-rounds="$logs/rounds_$1.tsv" >"$logs/$1.md" 2>&1
+    echo "## overhead --bench $1: exit $? ($(left) s left)"
+    cat "$logs/$1.md"
+}
+
+for part in "$@"; do
+    case $part in
+        suite | step | heavy | anchor | count) ;;
+        *)
+            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count)" >&2
+            exit 2
+            ;;
+    esac
+done
+for part in "$@"; do
+    if [ "$(left)" -le 5 ]; then
+        echo "## $part: not run, no time left before UNTIL=$until"
+        continue
+    fi
+    case $part in
+        suite) suite ;;
+        step | heavy) bench "$part" ;;
+        anchor)
+            PYTHONUNBUFFERED=1 timeout "$(left)" python3 "$dir/pytorch_step.py" >"$logs/anchor.md" 2>&1
+            echo "## PyTorch's anchor: exit $?"
+            cat "$logs/anchor.md"
+            ;;
+        count)
+            timeout "$(left)" "$dir/overhead" --bench heavy --target-only --devices=cuda --rounds=1000 --round-seconds=1 \
+                --block-steps=2 --save-rounds="$logs/rounds_count.tsv" --save-blocks="$logs/blocks_count.tsv" >"$logs/count.md" 2>&1
+            echo "## the counting target: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_count.tsv with overhead --pool-rounds"
+            ;;
+    esac
+done
