@@ -21,8 +21,9 @@
 #
 # UNTIL (seconds after this script starts; 570 by default) cuts off
 # whatever part is running then, so a call ends inside a device's limit; the
-# bench parts keep every finished round in LOGS/rounds_PART.tsv, which
-# `overhead --pool-rounds` reads back. Logs go to LOGS (target/gpu-targets).
+# bench parts append every finished round to LOGS/rounds_PART.tsv, which
+# `overhead --pool-rounds` reads back. Logs go to LOGS (target/gpu-targets),
+# and each backend's reports from target/gpu-leak-test to LOGS/reports_BACKEND.
 set -uo pipefail
 dir=$(cd "${1:?usage: scripts/gpu-targets.sh DIR PART...}" && pwd)
 shift
@@ -79,20 +80,18 @@ suite() {
             "$dir/gpu-run.sh" "$dir" -E 'binary(report_consistency)' --run-ignored only >"$logs/consistency_$backend.log" 2>&1
         echo "report-consistency check: exit $?"
         cuda_verdicts target/gpu-leak-test >"$logs/verdicts_$backend.txt"
-        if [ ! -s "$logs/verdicts_$backend.txt" ]; then
-            echo "CUDA verdicts: none (no CUDA test wrote a report)"
-        else
+        if [ -s "$logs/verdicts_$backend.txt" ]; then
             echo "CUDA verdicts: $(awk '{print $2}' "$logs/verdicts_$backend.txt" | sort | uniq -c | awk '{printf "%s %s; ", $2, $1}')"
-        fi
-        if [ ! -s "$logs/verdicts_$backend.txt" ]; then
-            :
-        elif [ -z "$first" ]; then
-            first=$backend
-        elif diff "$logs/verdicts_$first.txt" "$logs/verdicts_$backend.txt" >"$logs/verdicts_diff_$backend.txt"; then
-            echo "every CUDA verdict as under $first"
+            if [ -z "$first" ]; then
+                first=$backend
+            elif diff "$logs/verdicts_$first.txt" "$logs/verdicts_$backend.txt" >"$logs/verdicts_diff_$backend.txt"; then
+                echo "every CUDA verdict as under $first"
+            else
+                echo "CUDA verdicts that differ from $first's:"
+                cat "$logs/verdicts_diff_$backend.txt"
+            fi
         else
-            echo "CUDA verdicts that differ from $first's:"
-            cat "$logs/verdicts_diff_$backend.txt"
+            echo "CUDA verdicts: none (no CUDA test wrote a report)"
         fi
         rm -rf "$logs/reports_$backend"
         mv target/gpu-leak-test "$logs/reports_$backend"
