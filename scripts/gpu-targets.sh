@@ -39,17 +39,27 @@ left() {
 }
 export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-# The verdict of each CUDA test's report, one "stem kind" line each.
+# The verdict of each CUDA test's report, one "stem verdict" line each, from
+# the report folder's index (a report's newer row supersedes its older
+# ones). A row's device is the verdict's; `body` is where the body ran
+# when that differs, as for a CUDA test judged on libtorch's host objects.
 cuda_verdicts() {
-    python3 - "$1" <<'PY'
-import glob, json, os, sys
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    python3 - "$1/index.rows" <<'PY'
+import json, sys
+rows = {}
+try:
+    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
+except OSError:
+    lines = []
+for line in lines:
     try:
-        report = json.load(open(path, encoding="utf-8"))
-    except (OSError, ValueError):
+        row = json.loads(line)
+    except ValueError:
         continue
-    if isinstance(report, dict) and str(report.get("device", "")).startswith("cuda"):
-        print(os.path.basename(path)[: -len(".json")], report["verdict"]["kind"])
+    rows[row["stem"]] = row
+for stem, row in sorted(rows.items()):
+    if (row.get("body") or row["device"]).startswith("cuda"):
+        print(stem, row["verdict"])
 PY
 }
 
