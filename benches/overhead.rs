@@ -40,7 +40,8 @@
 //! again as a variant of its own, whose ratio is the run's own bias and
 //! noise between variants (`--target-only`: only all layers against plain,
 //! and plain again, so still more rounds fit; `--attribution-only`: only
-//! attribution forced on against plain, and plain again); `--devices=cuda`
+//! attribution forced on, in thread and in process scope, against plain,
+//! and plain again); `--devices=cuda`
 //! (or `cpu`) runs the step sections on that device only, for a profiler.
 //! `--save-rounds=FILE` appends every round's ratios of the step sections,
 //! with plain's step time, to FILE as they come, and `overhead --pool-rounds
@@ -237,12 +238,18 @@ enum Variant {
     /// Process scope without the Rust heap's count (the counting global
     /// allocator only hands calls on): what that layer costs.
     ProcessWithoutRustHeap,
+    /// Attribution where a failing test runs it by default: in process
+    /// scope (a process per test under nextest, the harness's own child
+    /// under `cargo test`), where the process-wide sources feed the tracker
+    /// and no hook is installed. `Attribution` is thread scope's, the
+    /// hook's dispatch included.
+    ProcessAttribution,
     /// Plain again, as a variant of its own: it costs what plain costs, so
     /// its ratio shows the run's own bias and noise between variants.
     PlainAgain,
 }
 
-const VARIANTS: [Variant; 9] = [
+const VARIANTS: [Variant; 10] = [
     Variant::Plain,
     Variant::Counting,
     Variant::Process,
@@ -252,6 +259,7 @@ const VARIANTS: [Variant; 9] = [
     Variant::ProcessWithoutDriverCalls,
     Variant::AttributionWithHostObjects,
     Variant::ProcessWithoutRustHeap,
+    Variant::ProcessAttribution,
 ];
 
 /// Runs `f` under `variant`, as a leak test would run its body: the sources
@@ -268,7 +276,11 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
     gpu_leak_test::internals::probe::driver::force((variant == Variant::ProcessWithoutDriverCalls).then_some(false));
     let observation = matches!(
         variant,
-        Variant::Process | Variant::ProcessTensorsOnly | Variant::ProcessWithoutDriverCalls | Variant::ProcessWithoutRustHeap
+        Variant::Process
+            | Variant::ProcessTensorsOnly
+            | Variant::ProcessWithoutDriverCalls
+            | Variant::ProcessWithoutRustHeap
+            | Variant::ProcessAttribution
     )
         .then(|| Observation::open(true).unwrap());
     let tracker = Tracker::new();
@@ -277,13 +289,17 @@ fn under_variant<T>(variant: Variant, f: impl FnOnce() -> T) -> T {
             .then(|| tracker.enter().unwrap());
     // A tensor leak's attribution: stacks for tensors, not for the C++
     // heap blocks beside them (see Tracker::start_recording_layers).
+    let recording = match (variant, &observation) {
+        (Variant::ProcessAttribution, Some(observation)) => observation.tracker(),
+        _ => &tracker,
+    };
     match variant {
-        Variant::Attribution => tracker.start_recording_layers(1, false),
-        Variant::AttributionWithHostObjects => tracker.start_recording(1),
+        Variant::Attribution | Variant::ProcessAttribution => recording.start_recording_layers(1, false),
+        Variant::AttributionWithHostObjects => recording.start_recording(1),
         _ => {}
     }
     let value = gpu_leak_test::internals::probe::stacks::stop_walks_here(f);
-    tracker.stop_recording();
+    recording.stop_recording();
     drop(hook);
     drop(observation);
     gpu_leak_test::internals::switches::switch_off_host_objects(false);
@@ -365,6 +381,9 @@ fn step_label(variant: Variant) -> &'static str {
         Variant::ProcessWithoutDriverCalls => "process scope without the CUDA driver's calls (CUPTI)",
         Variant::AttributionWithHostObjects => "attribution with a stack for every C++ heap block too (as before)",
         Variant::ProcessWithoutRustHeap => "process scope without the Rust heap",
+        Variant::ProcessAttribution => {
+            "attribution forced on in process scope (the default under nextest and `cargo test`; a stack per tensor allocation)"
+        }
         Variant::PlainAgain => "plain again (costs what plain costs: the run's own bias and noise)",
     }
 }
@@ -382,10 +401,12 @@ const COUNTING_VARIANTS: [Variant; 5] =
 /// inside the target's margin once the layers' shares are known.
 const TARGET_VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Process, Variant::PlainAgain];
 
-/// Only what the attribution target is read from, with plain again to check
-/// the run: on a short, noisy step (the MLP on a 16-thread host CPU) nine
-/// variants leave too few rounds for an interval inside the target's margin.
-const ATTRIBUTION_VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Attribution, Variant::PlainAgain];
+/// Only what the attribution target is read from, in both scopes, with
+/// plain again to check the run: on a short, noisy step (the MLP on a
+/// 16-thread host CPU) ten variants leave too few rounds for an interval
+/// inside the target's margin.
+const ATTRIBUTION_VARIANTS: [Variant; 4] =
+    [Variant::Plain, Variant::Attribution, Variant::ProcessAttribution, Variant::PlainAgain];
 
 /// The order in which `count` variants take their turns in turn `turn` (a
 /// block of a round): a Williams design. Over every `count` turns (twice
@@ -777,6 +798,7 @@ fn event_costs(device: Device, scale: &Scale) {
         "process scope without the CUDA driver's calls (CUPTI)",
         "attribution with a stack for every C++ heap block too (as before)",
         "process scope without the Rust heap",
+        "attribution in process scope: process scope, plus a stack per allocation",
     ];
     for (name, ns) in names.into_iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);
