@@ -18,6 +18,10 @@
 #   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
 #   count   the counting target on the allocation-heavy CUDA step
 #           (--target-only, blocks of 2 steps, rounds of 1 s) until UNTIL
+#   attribution
+#           the MLP step's attribution on the host CPU, in thread and in
+#           process scope (--attribution-only, blocks of 2 steps, rounds of
+#           1 s) until UNTIL: the short step whose rounds spread the most
 #
 # UNTIL (seconds after this script starts; 570 by default) cuts off
 # whatever part is running then, so a call ends inside a device's limit; the
@@ -37,7 +41,6 @@ left() {
     local n=$((until - ($(date +%s) - start)))
     echo $((n > 1 ? n : 1))
 }
-export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # The verdict of each CUDA test's report, one "stem verdict" line each, from
 # the report folder's index (a report's newer row supersedes its older
@@ -116,13 +119,15 @@ bench() {
 
 for part in "$@"; do
     case $part in
-        suite | step | heavy | anchor | count) ;;
+        suite | step | heavy | anchor | count | attribution) ;;
         *)
-            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count)" >&2
+            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count attribution)" >&2
             exit 2
             ;;
     esac
 done
+# libtorch's libraries, from the Python that has torch, once the parts are known.
+export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for part in "$@"; do
     if [ "$(left)" -le 5 ]; then
         echo "## $part: not run, no time left before UNTIL=$until"
@@ -140,6 +145,11 @@ for part in "$@"; do
             timeout "$(left)" "$dir/overhead" --bench heavy --target-only --devices=cuda --rounds=1000 --round-seconds=1 \
                 --block-steps=2 --save-rounds="$logs/rounds_count.tsv" --save-blocks="$logs/blocks_count.tsv" >"$logs/count.md" 2>&1
             echo "## the counting target: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_count.tsv with overhead --pool-rounds"
+            ;;
+        attribution)
+            timeout "$(left)" "$dir/overhead" --bench step --attribution-only --devices=cpu --rounds=1000 --round-seconds=1 \
+                --block-steps=2 --save-rounds="$logs/rounds_attribution.tsv" >"$logs/attribution.md" 2>&1
+            echo "## attribution on the MLP step's CPU: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_attribution.tsv with overhead --pool-rounds"
             ;;
     esac
 done
