@@ -789,22 +789,30 @@ fn event_costs(device: Device, scale: &Scale) {
     );
     println!("| what | ns per event (median) |\n| --- | --- |");
     println!("| the tracker's callback alone (map update, lock, counters; fed directly) | {fed:.0} |");
-    let names = [
-        "thread scope: libtorch's hook dispatch and the callback, all layers",
-        "process scope: the counting CPU allocator or the CUDA trace tracker, operator new, and the callback",
-        "attribution: the above in thread scope, plus a stack per allocation",
-        "thread scope without libtorch's host objects",
-        "process scope without libtorch's host objects",
-        "process scope without the CUDA driver's calls (CUPTI)",
-        "attribution with a stack for every C++ heap block too (as before)",
-        "process scope without the Rust heap",
-        "attribution in process scope: process scope, plus a stack per allocation",
-    ];
-    for (name, ns) in names.into_iter().zip(added.iter_mut()) {
+    for (&variant, ns) in VARIANTS[1..].iter().zip(added.iter_mut()) {
         let (ns, _, _) = summary(ns);
+        let name = event_label(variant);
         println!("| {name} | {ns:.0} |");
     }
     println!();
+}
+
+/// What a variant's row says in the table of costs per allocator event.
+fn event_label(variant: Variant) -> &'static str {
+    match variant {
+        Variant::Counting => "thread scope: libtorch's hook dispatch and the callback, all layers",
+        Variant::Process => {
+            "process scope: the counting CPU allocator or the CUDA trace tracker, operator new, and the callback"
+        }
+        Variant::Attribution => "attribution: the above in thread scope, plus a stack per allocation",
+        Variant::CountingTensorsOnly => "thread scope without libtorch's host objects",
+        Variant::ProcessTensorsOnly => "process scope without libtorch's host objects",
+        Variant::ProcessWithoutDriverCalls => "process scope without the CUDA driver's calls (CUPTI)",
+        Variant::AttributionWithHostObjects => "attribution with a stack for every C++ heap block too (as before)",
+        Variant::ProcessWithoutRustHeap => "process scope without the Rust heap",
+        Variant::ProcessAttribution => "attribution in process scope: process scope, plus a stack per allocation",
+        Variant::Plain | Variant::PlainAgain => step_label(variant),
+    }
 }
 
 /// The allocation-heavy step. On the CPU with one intra-op thread: the
