@@ -117,6 +117,17 @@ bench() {
     cat "$logs/$1.md"
 }
 
+# As many rounds of one bench section as fit before UNTIL (blocks of 2
+# steps, rounds of 1 s), each kept in LOGS/rounds_PART.tsv as it ends:
+#   until_cut_off PART DESCRIPTION SECTION OVERHEAD-ARGS...
+until_cut_off() {
+    local part=$1 description=$2 section=$3
+    shift 3
+    timeout "$(left)" "$dir/overhead" --bench "$section" "$@" --rounds=1000 --round-seconds=1 --block-steps=2 \
+        --save-rounds="$logs/rounds_$part.tsv" >"$logs/$part.md" 2>&1
+    echo "## $description: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
+}
+
 for part in "$@"; do
     case $part in
         suite | step | heavy | anchor | count | attribution) ;;
@@ -141,15 +152,7 @@ for part in "$@"; do
             echo "## PyTorch's anchor: exit $?"
             cat "$logs/anchor.md"
             ;;
-        count)
-            timeout "$(left)" "$dir/overhead" --bench heavy --target-only --devices=cuda --rounds=1000 --round-seconds=1 \
-                --block-steps=2 --save-rounds="$logs/rounds_count.tsv" --save-blocks="$logs/blocks_count.tsv" >"$logs/count.md" 2>&1
-            echo "## the counting target: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_count.tsv with overhead --pool-rounds"
-            ;;
-        attribution)
-            timeout "$(left)" "$dir/overhead" --bench step --attribution-only --devices=cpu --rounds=1000 --round-seconds=1 \
-                --block-steps=2 --save-rounds="$logs/rounds_attribution.tsv" >"$logs/attribution.md" 2>&1
-            echo "## attribution on the MLP step's CPU: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_attribution.tsv with overhead --pool-rounds"
-            ;;
+        count) until_cut_off count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
+        attribution) until_cut_off attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
     esac
 done
