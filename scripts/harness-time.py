@@ -38,6 +38,7 @@ def main():
     for r in rows:
         r.setdefault("cuda_startup", 0.0)
         r.setdefault("attribution_naming", 0.0)
+        r.setdefault("waited_in_parent", 0.0)
         r["prewarm"] -= r["cuda_startup"]
         # CUDA's start-up falls in whichever part first touched CUDA: the
         # device's resolution, else the one-time state.
@@ -63,7 +64,8 @@ def main():
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | {sum(values) / total_own:.0%} |")
     print(f"| **the harness's own, all parts** | **{ms(statistics.median(own))}** | **{ms(max(own))}** | 100% |")
     for key, name in [("cuda_startup", "(CUDA's start-up, where the test paid it)"), ("body", "(the body, for scale)"),
-                      ("waiting", "(waiting for other leak tests: their locks, a turn to start CUDA)")]:
+                      ("waiting", "(waiting for other leak tests)"),
+                      ("waited_in_parent", "(waiting for a CUDA turn under plain cargo test, before the test's process started)")]:
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | |")
     slowest = max(rows, key=lambda r: r["total"] - r["body"] - r["waiting"] - r["cuda_startup"])

@@ -25,9 +25,13 @@
 //! (the test thread's), rstest cases included, and the verdict must travel
 //! back as data, not as an exit code, so `#[should_panic]` keeps working.
 //!
-//! libtest starts as many children as it has test threads; those that
-//! start CUDA take turns to, machine-wide, as every leak test does
-//! ([`crate::probe::start_up_turns`]).
+//! Children that may start CUDA run at most [`CUDA_CHILDREN_AT_ONCE`] at a
+//! time under one parent. libtest starts as many tests as it has threads,
+//! and a dozen processes starting CUDA together each take seconds to do it;
+//! the driver calls that follow wait on the others' start-ups too (on an
+//! H200, 239 to 945 ms of the harness's own time against 23 to 54 ms for the
+//! same tests one at a time). A child waits for its turn before it starts,
+//! so its own figures are its own; the wait is in its timing line.
 //!
 //! The child dies with its parent (`PR_SET_PDEATHSIG`, so a runner that
 //! cancels the job with SIGTERM leaves no test running on), and talks to it
@@ -41,6 +45,18 @@ use std::process::{Command, Stdio};
 
 /// Set in a child to the descriptor its verdict goes to (`fd:N`).
 const CHILD_VAR: &str = "GPU_LEAK_TEST_CHILD_RESULT";
+
+/// Set in a child to the seconds its parent waited before starting it.
+const WAITED_VAR: &str = "GPU_LEAK_TEST_CHILD_WAITED";
+
+/// How many children that may start CUDA one parent runs at once.
+/// Start-ups barely overlap: thirteen children starting CUDA together took
+/// 2.8 to 4.5 s each on an H200, where one alone takes about 0.35 s, and
+/// their driver calls after it waited on the others'. With four, and this
+/// repository's three `cargo test` runs one at a time, the suite's slowest
+/// leak test under the native allocator went from 732-945 to 205-257 ms of
+/// the harness's own (benches/RESULTS.md).
+const CUDA_CHILDREN_AT_ONCE: usize = 4;
 
 /// How the child's test ended, as it writes it for the parent.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -111,14 +127,62 @@ pub(crate) fn child_test_name(libtest_name: Option<&str>, runner: crate::scope::
     libtest_name.map(str::to_string)
 }
 
+/// In a child: how long its parent waited for a turn before starting it
+/// (zero elsewhere), for the timing line.
+pub(crate) fn waited_in_parent() -> std::time::Duration {
+    let seconds = std::env::var(WAITED_VAR).ok().and_then(|s| s.parse::<f64>().ok());
+    seconds.filter(|s| s.is_finite() && *s >= 0.0).map(std::time::Duration::from_secs_f64).unwrap_or_default()
+}
+
+/// A counting semaphore: at most `limit` holders at once, the rest wait.
+/// std has none, and the async crates' ones need a runtime in a test
+/// thread; this is a mutex and a condition variable.
+struct Turns {
+    running: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+    limit: usize,
+}
+
+/// A held turn; dropping it lets the next waiter start.
+struct Turn<'a>(&'a Turns);
+
+impl Turns {
+    const fn new(limit: usize) -> Turns {
+        Turns { running: std::sync::Mutex::new(0), freed: std::sync::Condvar::new(), limit }
+    }
+
+    fn take(&self) -> Turn<'_> {
+        // A panic while holding the mutex leaves only a count behind, which
+        // stays right: poison says nothing here.
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        while *running >= self.limit {
+            running = self.freed.wait(running).unwrap_or_else(|e| e.into_inner());
+        }
+        *running += 1;
+        Turn(self)
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// How often the relay looks whether the child has ended.
 const POLL_MS: i32 = 50;
 
 /// Runs the test `name` of this test binary in a process of its own and
 /// relays its output as it comes. Returns the child's outcome; `None` where
 /// the binary has no libtest test of that name (it ran none); or why the
-/// child ended without a verdict (its exit status and output).
-pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
+/// child ended without a verdict (its exit status and output). A child that
+/// `may_start_cuda` waits for one of [`CUDA_CHILDREN_AT_ONCE`] turns.
+pub(crate) fn run_in_child(name: &str, may_start_cuda: bool) -> Result<Option<ChildOutcome>, String> {
+    static CUDA_TURNS: Turns = Turns::new(CUDA_CHILDREN_AT_ONCE);
+    let waiting = std::time::Instant::now();
+    let _turn = may_start_cuda.then(|| CUDA_TURNS.take());
+    let waited = waiting.elapsed();
     let exe = std::env::current_exe().map_err(|e| format!("the test binary's path is unknown ({e})"))?;
     let pipe_error = |e: std::io::Error| format!("could not open a pipe to this test's own process ({e})");
     let (output, output_writer) = os_pipe::pipe().map_err(pipe_error)?;
@@ -129,6 +193,7 @@ pub(crate) fn run_in_child(name: &str) -> Result<Option<ChildOutcome>, String> {
     command
         .args([name, "--exact", "--test-threads=1", "--nocapture", "--include-ignored"])
         .env(CHILD_VAR, format!("fd:{verdict_fd}"))
+        .env(WAITED_VAR, waited.as_secs_f64().to_string())
         .stdin(Stdio::null())
         .stdout(output_writer.try_clone().map_err(pipe_error)?)
         .stderr(output_writer);
@@ -325,6 +390,46 @@ mod tests {
         assert_eq!(child_test_name(Some("m::t"), NEXTEST, false), None);
         assert_eq!(child_test_name(Some("m::t"), CARGO_TEST, true), None);
         assert_eq!(child_test_name(None, CARGO_TEST, false), None);
+    }
+
+    #[test]
+    fn a_third_child_waits_while_two_hold_the_turns_and_starts_when_one_ends() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let turns = Turns::new(2);
+        let (first, second) = (turns.take(), turns.take());
+        let third_started = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let third = s.spawn(|| {
+                let _turn = turns.take();
+                third_started.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!third_started.load(Ordering::SeqCst), "a third turn while two were held");
+            drop(first);
+            third.join().unwrap();
+        });
+        assert!(third_started.load(Ordering::SeqCst));
+        drop(second);
+    }
+
+    #[test]
+    fn many_waiters_all_get_a_turn_and_never_more_than_the_limit_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let turns = Turns::new(2);
+        let (now, most, done) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let _turn = turns.take();
+                    most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 8);
+        assert!(most.load(Ordering::SeqCst) <= 2, "{} at once", most.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -4,7 +4,6 @@ use crate::config::{self, Options, Settings};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::isolation::{self, ChildOutcome};
-use crate::probe::start_up_turns::StartUpTurn;
 use crate::protocol::{Started, TestIdentity};
 use crate::scope::Runner;
 use crate::report::Report;
@@ -199,21 +198,13 @@ impl LeakTest {
     /// into it) it is [`Error::NestedLeakTest`]: the outer test holds the
     /// locks this one would wait for.
     pub fn resolve(&self) -> Result<(Settings, Device)> {
-        self.resolve_in_turn().map(|(settings, device, _turn)| (settings, device))
-    }
-
-    /// [`LeakTest::resolve`], in a turn to start CUDA where the device may
-    /// need it: resolving it starts the driver, and the protocol gives the
-    /// turn back once CUDA's one-time state is ready.
-    fn resolve_in_turn(&self) -> Result<(Settings, Device, StartUpTurn)> {
         if let Some(outer) = crate::threads::current_test() {
             return Err(Error::NestedLeakTest { outer: outer.test_name().to_string(), inner: self.name.clone() });
         }
         let settings = self.settings()?;
         let require_cuda = self.require_cuda || config::cuda_required()?;
-        let turn = StartUpTurn::take(settings.device.may_start_cuda());
         let device = settings.device.resolve(require_cuda)?;
-        Ok((settings, device, turn))
+        Ok((settings, device))
     }
 
     /// Runs `body` once per iteration. Leaks come through what outlives an
@@ -227,29 +218,22 @@ impl LeakTest {
     /// that keeps every loss.
     pub fn run_with_setup<I: FnMut()>(&self, setup: impl FnOnce(Device) -> I) -> Result<Report> {
         let started = Started::now();
-        let (settings, device, turn) = self.resolve_in_turn()?;
-        Ok(self.measure_setup_form(&settings, device, started, turn, setup))
+        let (settings, device) = self.resolve()?;
+        Ok(self.measure_setup_form(&settings, device, started, setup))
     }
 
     /// Like [`LeakTest::run`] for a body that returns `Result`: an `Err`
     /// stops the test with [`Verdict::BodyError`].
     pub fn try_run<E: std::fmt::Debug>(&self, mut body: impl FnMut(Device) -> std::result::Result<(), E>) -> Result<Report> {
         let started = Started::now();
-        let (settings, device, turn) = self.resolve_in_turn()?;
-        Ok(crate::protocol::measure(&self.identity(), &settings, device, started, turn, move |device| {
+        let (settings, device) = self.resolve()?;
+        Ok(crate::protocol::measure(&self.identity(), &settings, device, started, move |device| {
             Ok(move || body(device).map_err(|e| format!("{e:?}")))
         }))
     }
 
-    fn measure_setup_form<I: FnMut()>(
-        &self,
-        settings: &Settings,
-        device: Device,
-        started: Started,
-        turn: StartUpTurn,
-        setup: impl FnOnce(Device) -> I,
-    ) -> Report {
-        crate::protocol::measure(&self.identity(), settings, device, started, turn, |device| {
+    fn measure_setup_form<I: FnMut()>(&self, settings: &Settings, device: Device, started: Started, setup: impl FnOnce(Device) -> I) -> Report {
+        crate::protocol::measure(&self.identity(), settings, device, started, |device| {
             let mut iteration = setup(device);
             Ok(move || {
                 iteration();
@@ -276,11 +260,11 @@ impl LeakTest {
         if test.ran_in_a_child() {
             return;
         }
-        let Some((settings, device, turn)) = test.resolve_or_skip() else {
+        let Some((settings, device)) = test.resolve_or_skip() else {
             isolation::finish_child(&ChildOutcome::Passed);
             return;
         };
-        let report = test.measure_setup_form(&settings, device, started, turn, setup);
+        let report = test.measure_setup_form(&settings, device, started, setup);
         conclude(report, &settings, started);
     }
 
@@ -294,13 +278,13 @@ impl LeakTest {
         if test.ran_in_a_child() {
             return Ok(());
         }
-        let Some((settings, device, turn)) = test.resolve_or_skip() else {
+        let Some((settings, device)) = test.resolve_or_skip() else {
             isolation::finish_child(&ChildOutcome::Passed);
             return Ok(());
         };
         let mut first_error = None;
         let first_error_slot = &mut first_error;
-        let report = crate::protocol::measure(&test.identity(), &settings, device, started, turn, |device| {
+        let report = crate::protocol::measure(&test.identity(), &settings, device, started, |device| {
             Ok(move || {
                 body(device).map_err(|e| {
                     let message = format!("{e:?}");
@@ -336,7 +320,7 @@ impl LeakTest {
         let Some(name) = isolation::child_test_name(self.libtest_name.as_deref(), Runner::detect(), thread_scope) else {
             return false;
         };
-        match isolation::run_in_child(&name) {
+        match isolation::run_in_child(&name, settings.device.may_start_cuda()) {
             Ok(Some(ChildOutcome::Passed)) => true,
             Ok(Some(ChildOutcome::Failed(report))) => panic!("{report}"),
             // Not a libtest test of this binary after all (a custom
@@ -379,8 +363,8 @@ impl LeakTest {
     }
 
     /// Decides what a setup error means: a skip (returns `None`) or a failure.
-    fn resolve_or_skip(&self) -> Option<(Settings, Device, StartUpTurn)> {
-        match self.resolve_in_turn() {
+    fn resolve_or_skip(&self) -> Option<(Settings, Device)> {
+        match self.resolve() {
             Ok(resolved) => Some(resolved),
             Err(error) if device::is_missing_device(&error) => {
                 let asked = self.settings().map(|s| s.device.to_string()).unwrap_or_else(|_| "?".into());

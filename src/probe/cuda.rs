@@ -97,15 +97,6 @@ fn add_startup(since: Instant) {
     STARTUP_NANOS.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
-/// A bit per device whose context this process has made.
-static CONTEXTS: AtomicU64 = AtomicU64::new(0);
-
-/// Whether this process has started CUDA on some device already (made its
-/// context), so a leak test's start-up has nothing left to wait its turn for.
-pub(crate) fn has_started() -> bool {
-    CONTEXTS.load(Ordering::Relaxed) != 0
-}
-
 /// Why CUDA is unusable, decided once per process (on first use).
 static REASON: OnceLock<Option<String>> = OnceLock::new();
 
@@ -377,6 +368,7 @@ pub fn prewarm(index: usize) -> Result<()> {
     let device = check_device(index)?;
     // The device's context comes with its first tensor: CUDA's start-up,
     // counted apart (once per device and process).
+    static CONTEXTS: AtomicU64 = AtomicU64::new(0);
     let bit = 1u64 << index.min(63);
     if CONTEXTS.load(Ordering::Relaxed) & bit == 0 {
         let started = Instant::now();

@@ -11,7 +11,6 @@ pub(crate) mod libtorch;
 mod objects;
 pub mod process;
 pub mod stacks;
-pub(crate) mod start_up_turns;
 #[cfg(target_os = "linux")]
 mod symbols;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

@@ -21,7 +21,6 @@ mod samples;
 
 use crate::config::Settings;
 use crate::probe::process::Observation;
-use crate::probe::start_up_turns::StartUpTurn;
 use crate::probe::Tracker;
 use crate::report::{Findings, PrewarmParts, Report};
 use crate::scope::{ResolvedScope, Runner};
@@ -90,20 +89,17 @@ pub(crate) fn crate_folder(given: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// The protocol, on a resolved device. `setup` returns the iteration.
-/// `turn` is the test's turn to start CUDA, given back once the canaries
-/// have passed (or the test stopped before them).
 pub(crate) fn measure<I>(
     test: &TestIdentity,
     settings: &Settings,
     device: Device,
     started: Started,
-    turn: StartUpTurn,
     setup: impl FnOnce(Device) -> std::result::Result<I, String>,
 ) -> Report
 where
     I: FnMut() -> std::result::Result<(), String>,
 {
-    let mut parts = PrewarmParts { settings: started.elapsed().saturating_sub(turn.waited()), ..PrewarmParts::default() };
+    let mut parts = PrewarmParts { settings: started.elapsed(), ..PrewarmParts::default() };
     // Everything the harness allocates on this thread from here on is its
     // own, not the Rust heap's growth; the body's calls are the test's.
     let _harness = crate::layer::rust_heap::harness();
@@ -112,7 +108,7 @@ where
     let locking = Instant::now();
     let _scope_lock = crate::scope::lock(scope);
     let _device_lock = crate::device::lock_device(device);
-    let waiting = locking.elapsed() + turn.waited();
+    let waiting = locking.elapsed();
     let stop_in_setup = |probes: Probes, message: String| {
         let (exec, mut judge) = stages(test, settings, probes);
         judge.stopped(judge.body(), Verdict::Panicked { phase: Phase::Setup, iteration: 0, message });
@@ -151,7 +147,6 @@ where
         }
     };
     parts.canaries = part.elapsed();
-    drop(turn);
     exec.samples = samples::Samples::new(exec.probes.levels_now());
     exec.time.waiting = waiting;
     exec.time.prewarm = started.elapsed().saturating_sub(waiting);

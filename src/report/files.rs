@@ -149,6 +149,8 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "attribution_naming": time.attribution_naming.as_secs_f64(),
         "report_writing": report_writing.as_secs_f64(),
         "other": other.as_secs_f64(),
+        // Before this process started, so in none of the parts above.
+        "waited_in_parent": crate::isolation::waited_in_parent().as_secs_f64(),
     })
     .to_string()
         + "\n";

@@ -185,10 +185,9 @@ pub struct HarnessTime {
     /// Your code: setup and every warm-up, measured and confirmation
     /// iteration (attribution's are under `attribution`).
     pub body: Duration,
-    /// Waiting for other leak tests: for a turn to start CUDA, which at
-    /// most four processes on the machine take at once, and for the scope
-    /// and device locks of this process (tests in one process queue there;
-    /// under nextest none do).
+    /// Waiting for other leak tests of the process to release the scope and
+    /// device locks (tests under `cargo test` queue there; under nextest
+    /// none do).
     pub waiting: Duration,
     /// Preparing the device and the sources: resolving the settings and the
     /// device, CUDA's one-time state (context, cuBLAS workspaces) outside the
