@@ -11,8 +11,10 @@
 #           cudaMallocAsync, expandable segments, caching off) with
 #           GPU_LEAK_TEST_TIMINGS set: per backend nextest's summary, the
 #           harness's own time per leak test (scripts/harness-time.py), the
-#           report-consistency check, and whether every CUDA test's verdict
-#           is the one it had under the first backend
+#           report-consistency check, whether every CUDA test's verdict
+#           is the one it had under the first backend, and the suite's first
+#           wave: the tests nextest started first, from its own lines, each
+#           stamped with the seconds since the run began as it came
 #   step    overhead --bench step, every variant, ROUNDS rounds (25)
 #   heavy   overhead --bench heavy, likewise
 #   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
@@ -66,6 +68,42 @@ for stem, row in sorted(rows.items()):
 PY
 }
 
+# The tests of a suite log whose lines were stamped as they came, by when
+# they started (when their line came, less the duration nextest gives):
+# the first wave, and what ran beside the first leak tests to start CUDA.
+# A test with a line in the timings file is a leak test; its CUDA start-up
+# and the harness's own time are given beside it.
+#   first_wave SUITE_LOG TIMINGS_FILE
+first_wave() {
+    python3 - "$1" "$2" <<'PY'
+import json, re, sys
+timed = {}
+try:
+    for text in open(sys.argv[2], encoding="utf-8"):
+        r = json.loads(text)
+        own = r["total"] - r["body"] - r["waiting"] - r["cuda_startup"]
+        timed[r["test"]] = f'{r["cuda_startup"] * 1e3:.0f} ms, {own * 1e3:.1f} ms'
+except (OSError, ValueError, KeyError):
+    pass
+line = re.compile(r"^\s*([\d.]+)\s+(PASS|FAIL|LEAK|LEAK-FAIL|SIGSEGV|SIGABRT|ABORT|TIMEOUT)\s+\[\s*([\d.]+)s\]\s+(?:\(\s*\d+/\d+\)\s+)?(\S+)\s+(.+?)\s*$")
+tests = []
+for text in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    m = line.match(text)
+    if m:
+        ended, status, took, binary, name = float(m[1]), m[2], float(m[3]), m[4], m[5]
+        tests.append((ended - took, ended, status, binary.split("::")[-1], name))
+tests.sort()
+if not tests:
+    sys.exit("no test lines: was the suite run with --status-level pass?")
+print("The first 24 tests to start (seconds since the run's first test started):\n")
+print("| started | ended | status | binary | test | leak test: CUDA's start-up, the harness's own |\n| --- | --- | --- | --- | --- | --- |")
+zero = tests[0][0]
+for started, ended, status, binary, name in tests[:24]:
+    print(f"| {started - zero:.2f} | {ended - zero:.2f} | {status} | {binary} | `{name}` | {timed.get(name, '')} |")
+print()
+PY
+}
+
 suite() {
     local first=""
     for backend in native async expandable nocache; do
@@ -79,16 +117,22 @@ suite() {
         # Each backend's reports apart, so the check reads only its own.
         rm -rf target/gpu-leak-test
         local t0=$(date +%s)
+        # Every test's line, stamped as it comes, for first_wave.
         env $setting GPU_LEAK_TEST_TIMINGS="$logs/timings_$backend.jsonl" timeout "$(left)" \
-            "$dir/gpu-run.sh" "$dir" --status-level fail --final-status-level fail >"$logs/suite_$backend.log" 2>&1
-        local status=$?
+            "$dir/gpu-run.sh" "$dir" --status-level pass --final-status-level fail 2>&1 |
+            python3 -u -c 'import sys, time
+t0 = time.time()
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time() - t0:9.3f} {line}")' >"$logs/suite_$backend.log"
+        local status=${PIPESTATUS[0]}
         echo "## $backend ${setting:+($setting)}: exit $status, $(($(date +%s) - t0)) s"
-        grep -E '^ *Summary|^ *FAIL ' "$logs/suite_$backend.log" | sort -u | head -20
+        grep -E '^ *[0-9.]+ +(Summary|FAIL) ' "$logs/suite_$backend.log" | sort -u | head -20
         if [ "$status" = 124 ]; then
             echo "cut off at UNTIL: no timings, verdicts or check for this backend"
             continue
         fi
         python3 scripts/harness-time.py "$logs/timings_$backend.jsonl" "$backend, $(nproc) CPU threads"
+        first_wave "$logs/suite_$backend.log" "$logs/timings_$backend.jsonl"
         GPU_LEAK_TEST_REPORT_DIR="$repo/target/gpu-leak-test" timeout "$(left)" \
             "$dir/gpu-run.sh" "$dir" -E 'binary(report_consistency)' --run-ignored only >"$logs/consistency_$backend.log" 2>&1
         echo "report-consistency check: exit $?"
