@@ -72,7 +72,8 @@ PY
 # they started (when their line came, less the duration nextest gives):
 # the first wave, and what ran beside the first leak tests to start CUDA.
 # A test with a line in the timings file is a leak test; its CUDA start-up
-# and the harness's own time are given beside it.
+# and the harness's own time are given beside it (matched by name, so a
+# name that two binaries share marks both).
 #   first_wave SUITE_LOG TIMINGS_FILE
 first_wave() {
     python3 - "$1" "$2" <<'PY'
