@@ -31,7 +31,12 @@
 //! the driver calls that follow wait on the others' start-ups too (on an
 //! H200, 239 to 945 ms of the harness's own time against 23 to 54 ms for the
 //! same tests one at a time). A child waits for its turn before it starts,
-//! so its own figures are its own; the wait is in its timing line.
+//! so its own figures are its own; the wait is in its timing line. It keeps
+//! the turn for its whole life, not only through its start-up. Bodies and
+//! sampling wait on one another too: where turns lasted only through the
+//! start-up (machine-wide, with three parents at once), the children's own
+//! harness time on an H200 had medians of 50-67 ms, and the whole suite's
+//! went from 17-21 to 25-36 ms (benches/RESULTS.md).
 //!
 //! The child dies with its parent (`PR_SET_PDEATHSIG`, so a runner that
 //! cancels the job with SIGTERM leaves no test running on), and talks to it
