@@ -13,8 +13,8 @@
 #           harness's own time per leak test (scripts/harness-time.py), the
 #           report-consistency check, whether every CUDA test's verdict
 #           is the one it had under the first backend, and the suite's first
-#           wave: the tests nextest started first, from its own lines, each
-#           stamped with the seconds since the run began as it came
+#           wave (harness-time.py, from nextest's own lines, each stamped
+#           with the seconds since the run began as it came)
 #   step    overhead --bench step, every variant, ROUNDS rounds (25)
 #   heavy   overhead --bench heavy, likewise
 #   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
@@ -68,43 +68,6 @@ for stem, row in sorted(rows.items()):
 PY
 }
 
-# The tests of a suite log whose lines were stamped as they came, by when
-# they started (when their line came, less the duration nextest gives):
-# the first wave, and what ran beside the first leak tests to start CUDA.
-# A test with a line in the timings file is a leak test; its CUDA start-up
-# and the harness's own time are given beside it (matched by name, so a
-# name that two binaries share marks both).
-#   first_wave SUITE_LOG TIMINGS_FILE
-first_wave() {
-    python3 - "$1" "$2" <<'PY'
-import json, re, sys
-timed = {}
-try:
-    for text in open(sys.argv[2], encoding="utf-8"):
-        r = json.loads(text)
-        own = r["total"] - r["body"] - r["waiting"] - r["cuda_startup"]
-        timed[r["test"]] = f'{r["cuda_startup"] * 1e3:.0f} ms, {own * 1e3:.1f} ms'
-except (OSError, ValueError, KeyError):
-    pass
-line = re.compile(r"^\s*([\d.]+)\s+(PASS|FAIL|LEAK|LEAK-FAIL|SIGSEGV|SIGABRT|ABORT|TIMEOUT)\s+\[\s*([\d.]+)s\]\s+(?:\(\s*\d+/\d+\)\s+)?(\S+)\s+(.+?)\s*$")
-tests = []
-for text in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    m = line.match(text)
-    if m:
-        ended, status, took, binary, name = float(m[1]), m[2], float(m[3]), m[4], m[5]
-        tests.append((ended - took, ended, status, binary.split("::")[-1], name))
-tests.sort()
-if not tests:
-    sys.exit("no test lines: was the suite run with --status-level pass?")
-print("The first 24 tests to start (seconds since the run's first test started):\n")
-print("| started | ended | status | binary | test | leak test: CUDA's start-up, the harness's own |\n| --- | --- | --- | --- | --- | --- |")
-zero = tests[0][0]
-for started, ended, status, binary, name in tests[:24]:
-    print(f"| {started - zero:.2f} | {ended - zero:.2f} | {status} | {binary} | `{name}` | {timed.get(name, '')} |")
-print()
-PY
-}
-
 suite() {
     local first=""
     for backend in native async expandable nocache; do
@@ -118,7 +81,7 @@ suite() {
         # Each backend's reports apart, so the check reads only its own.
         rm -rf target/gpu-leak-test
         local t0=$(date +%s)
-        # Every test's line, stamped as it comes, for first_wave.
+        # Every test's line, stamped as it comes, for the first wave.
         env $setting GPU_LEAK_TEST_TIMINGS="$logs/timings_$backend.jsonl" timeout "$(left)" \
             "$dir/gpu-run.sh" "$dir" --status-level pass --final-status-level fail 2>&1 |
             python3 -u -c 'import sys, time
@@ -132,8 +95,7 @@ for line in sys.stdin:
             echo "cut off at UNTIL: no timings, verdicts or check for this backend"
             continue
         fi
-        python3 scripts/harness-time.py "$logs/timings_$backend.jsonl" "$backend, $(nproc) CPU threads"
-        first_wave "$logs/suite_$backend.log" "$logs/timings_$backend.jsonl"
+        python3 scripts/harness-time.py "$logs/timings_$backend.jsonl" "$backend, $(nproc) CPU threads" "$logs/suite_$backend.log"
         GPU_LEAK_TEST_REPORT_DIR="$repo/target/gpu-leak-test" timeout "$(left)" \
             "$dir/gpu-run.sh" "$dir" -E 'binary(report_consistency)' --run-ignored only >"$logs/consistency_$backend.log" 2>&1
         echo "report-consistency check: exit $?"

@@ -1,11 +1,16 @@
 """Summarises GPU_LEAK_TEST_TIMINGS lines: the harness's own time per leak
 test (wall time less the body's time, less waiting for other tests' locks,
 less CUDA's own start-up), split into its parts, as a Markdown table of
-medians and maxima.
+medians and maxima. Given the suite's nextest log with each line stamped
+with the seconds since the run began (`--status-level pass`, as
+`scripts/gpu-targets.sh suite` writes it), it also lists the suite's first
+wave: the tests nextest started first, with when each started and ended,
+and for a leak test its CUDA start-up and the harness's own time.
 
-    harness-time.py TIMINGS_FILE [TITLE]
+    harness-time.py TIMINGS_FILE [TITLE [STAMPED_SUITE_LOG]]
 """
 import json
+import re
 import statistics
 import sys
 
@@ -26,6 +31,46 @@ PARTS = [
 
 def ms(seconds):
     return f"{seconds * 1e3:.1f}"
+
+
+def own(r):
+    """The harness's own time of a timing line: its wall time less its
+    body's, less waiting for other tests, less CUDA's own start-up."""
+    return r["total"] - r["body"] - r["waiting"] - r["cuda_startup"]
+
+
+# A test's line in a stamped nextest log: the stamp, the status, nextest's
+# duration, the binary and the test's name.
+TEST_LINE = re.compile(
+    r"^\s*([\d.]+)\s+(PASS|FAIL|LEAK|LEAK-FAIL|SIGSEGV|SIGABRT|ABORT|TIMEOUT)\s+\[\s*([\d.]+)s\]\s+"
+    r"(?:\(\s*\d+/\d+\)\s+)?(\S+)\s+(.+?)\s*$"
+)
+
+
+def first_wave(log_path, rows, count=24):
+    """The first `count` tests of a stamped suite log to start (when their
+    line came, less the duration nextest gives). A test with a timing line
+    is a leak test, matched by name: a name two binaries share marks both."""
+    timed = {r["test"]: r for r in rows}
+    tests = []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for text in f:
+            m = TEST_LINE.match(text)
+            if m:
+                ended, took = float(m[1]), float(m[3])
+                tests.append((ended - took, ended, m[2], m[4].split("::")[-1], m[5]))
+    if not tests:
+        sys.exit(f"{log_path}: no test lines (was the suite run with --status-level pass, its lines stamped?)")
+    tests.sort()
+    print(f"The first {count} tests to start (seconds since the run's first test started):\n")
+    print("| started | ended | status | binary | test | leak test: CUDA's start-up, the harness's own |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    zero = tests[0][0]
+    for started, ended, status, binary, name in tests[:count]:
+        r = timed.get(name)
+        leak = f"{ms(r['cuda_startup'])} ms, {ms(own(r))} ms" if r else ""
+        print(f"| {started - zero:.2f} | {ended - zero:.2f} | {status} | {binary} | `{name}` | {leak} |")
+    print()
 
 
 def main():
@@ -49,7 +94,7 @@ def main():
             taken = min(left, r[key])
             r[key] -= taken
             left -= taken
-    own = [r["total"] - r["body"] - r["waiting"] - r["cuda_startup"] for r in rows]
+    owns = [own(r) for r in rows]
     print(f"#### Harness time per leak test: {title}\n")
     print(
         f"{len(rows)} leak tests; the harness's own time is each test's wall time (from `check*` to its files written) "
@@ -57,22 +102,22 @@ def main():
         f"library, the driver, the device's context: what the body would pay in its first iteration). Milliseconds.\n"
     )
     print("| part | median | max | share of the harness's total |\n| --- | --- | --- | --- |")
-    total_own = sum(own) or 1.0
+    total_own = sum(owns) or 1.0
     # The prewarm's parts are shares of it, not of the total on top.
     for key, name in PARTS:
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | {sum(values) / total_own:.0%} |")
-    print(f"| **the harness's own, all parts** | **{ms(statistics.median(own))}** | **{ms(max(own))}** | 100% |")
+    print(f"| **the harness's own, all parts** | **{ms(statistics.median(owns))}** | **{ms(max(owns))}** | 100% |")
     for key, name in [("cuda_startup", "(CUDA's start-up, where the test paid it)"), ("body", "(the body, for scale)"),
                       ("waiting", "(waiting for other leak tests)"),
                       ("waited_in_parent", "(waiting for a CUDA turn under plain cargo test, before the test's process started)")]:
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | |")
-    slowest = max(rows, key=lambda r: r["total"] - r["body"] - r["waiting"] - r["cuda_startup"])
+    slowest = max(rows, key=own)
     top = max(PARTS, key=lambda p: slowest[p[0]])
     print(
         f"\nSlowest: `{slowest['test']}` on {slowest['device']} ({slowest['verdict']}): "
-        f"{ms(slowest['total'] - slowest['body'] - slowest['waiting'] - slowest['cuda_startup'])} ms of its own, "
+        f"{ms(own(slowest))} ms of its own, "
         f"most of it {top[1]} ({ms(slowest[top[0]])} ms).\n"
     )
     # A CUDA test pays CUDA's one-time state in its own process under
@@ -90,12 +135,14 @@ def main():
         ("every test whose process started CUDA in under 1 s, or never", lambda r: r["cuda_startup"] < 1.0),
     ]
     for label, member in groups:
-        group = [(r, o) for r, o in zip(rows, own) if member(r)]
+        group = [(r, o) for r, o in zip(rows, owns) if member(r)]
         if group:
             values = [o for _, o in group]
             state = [r["prewarm_cuda_state"] for r, _ in group]
             print(f"| {label} | {len(group)} | {ms(statistics.median(values))} | {ms(max(values))} | {ms(statistics.median(state))} |")
     print()
+    if len(sys.argv) > 3:
+        first_wave(sys.argv[3], rows)
 
 
 main()
