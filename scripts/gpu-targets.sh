@@ -90,7 +90,8 @@ for line in sys.stdin:
     sys.stdout.write(f"{time.time() - t0:9.3f} {line}")' >"$logs/suite_$backend.log"
         local status=${PIPESTATUS[0]}
         echo "## $backend ${setting:+($setting)}: exit $status, $(($(date +%s) - t0)) s"
-        grep -E '^ *[0-9.]+ +(Summary|FAIL) ' "$logs/suite_$backend.log" | sort -u | head -20
+        # Less the stamps, so a FAIL line and its repeat in the summary are one.
+        sed -E 's/^ *[0-9.]+ //' "$logs/suite_$backend.log" | grep -E '^ *(Summary|FAIL) ' | sort -u | head -20
         if [ "$status" = 124 ]; then
             echo "cut off at UNTIL: no timings, verdicts or check for this backend"
             continue
