@@ -24,6 +24,12 @@
 #           the MLP step's attribution on the host CPU, in thread and in
 #           process scope (--attribution-only, blocks of 2 steps, rounds of
 #           1 s) until UNTIL: the short step whose rounds spread the most
+#   attribution-cuda
+#           the same on CUDA, whose margin to 1.10 is as narrow
+#
+# A part that runs until UNTIL (count, attribution, attribution-cuda) may
+# be given its own limit as PART:SECONDS, so that parts after it still run:
+# `attribution-cuda:200 count`.
 #
 # UNTIL (seconds after this script starts; 570 by default) cuts off
 # whatever part is running then, so a call ends inside a device's limit; the
@@ -125,22 +131,33 @@ bench() {
     cat "$logs/$1.md"
 }
 
-# As many rounds of one bench section as fit before UNTIL (blocks of 2
-# steps, rounds of 1 s), each kept in LOGS/rounds_PART.tsv as it ends:
+# As many rounds of one bench section as fit before UNTIL, or within the
+# part's own SECONDS (blocks of 2 steps, rounds of 1 s), each kept in
+# LOGS/rounds_PART.tsv as it ends:
 #   until_cut_off PART DESCRIPTION SECTION OVERHEAD-ARGS...
 until_cut_off() {
     local part=$1 description=$2 section=$3
     shift 3
-    timeout "$(left)" "$dir/overhead" --bench "$section" "$@" --rounds=1000 --round-seconds=1 --block-steps=2 \
+    local limit=$(left)
+    if [ -n "$seconds" ] && [ "$seconds" -lt "$limit" ]; then
+        limit=$seconds
+    fi
+    timeout "$limit" "$dir/overhead" --bench "$section" "$@" --rounds=1000 --round-seconds=1 --block-steps=2 \
         --save-rounds="$logs/rounds_$part.tsv" >"$logs/$part.md" 2>&1
-    echo "## $description: exit $? (124: cut off at UNTIL, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
+    echo "## $description: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
 }
 
 for part in "$@"; do
     case $part in
-        suite | step | heavy | anchor | count | attribution) ;;
+        suite | step | heavy | anchor | count | attribution | attribution-cuda) ;;
+        count:* | attribution:* | attribution-cuda:*)
+            if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
+                echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
+                exit 2
+            fi
+            ;;
         *)
-            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count attribution)" >&2
+            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count attribution attribution-cuda)" >&2
             exit 2
             ;;
     esac
@@ -152,6 +169,11 @@ for part in "$@"; do
         echo "## $part: not run, no time left before UNTIL=$until"
         continue
     fi
+    seconds=
+    if [[ $part == *:* ]]; then
+        seconds=${part#*:}
+        part=${part%%:*}
+    fi
     case $part in
         suite) suite ;;
         step | heavy) bench "$part" ;;
@@ -162,5 +184,6 @@ for part in "$@"; do
             ;;
         count) until_cut_off count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
         attribution) until_cut_off attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
+        attribution-cuda) until_cut_off attribution_cuda "attribution on the MLP step's CUDA" step --attribution-only --devices=cuda ;;
     esac
 done

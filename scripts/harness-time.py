@@ -5,7 +5,8 @@ medians and maxima. Given the suite's nextest log with each line stamped
 with the seconds since the run began (`--status-level pass`, as
 `scripts/gpu-targets.sh suite` writes it), it also lists the suite's first
 wave: the tests nextest started first, with when each started and ended,
-and for a leak test its CUDA start-up and the harness's own time.
+and for a leak test its CUDA start-up and the harness's own time; then
+every test that ran beside each of the slowest leak tests.
 
     harness-time.py TIMINGS_FILE [TITLE [STAMPED_SUITE_LOG]]
 """
@@ -47,11 +48,10 @@ TEST_LINE = re.compile(
 )
 
 
-def first_wave(log_path, rows, count=24):
-    """The first `count` tests of a stamped suite log to start (when their
-    line came, less the duration nextest gives). A test with a timing line
-    is a leak test, matched by name: a name two binaries share marks both."""
-    timed = {r["test"]: r for r in rows}
+def stamped_tests(log_path):
+    """Every test line of a stamped suite log: (started, ended, status,
+    binary, name), started being when its line came less the duration
+    nextest gives, in the order the tests started."""
     tests = []
     with open(log_path, encoding="utf-8", errors="replace") as f:
         for text in f:
@@ -62,15 +62,44 @@ def first_wave(log_path, rows, count=24):
     if not tests:
         sys.exit(f"{log_path}: no test lines (was the suite run with --status-level pass, its lines stamped?)")
     tests.sort()
-    print(f"The first {count} tests to start (seconds since the run's first test started):\n")
+    return tests
+
+
+def test_rows(tests, timed, zero):
+    """Table rows for `tests`; a test with a timing line is a leak test,
+    matched by name: a name two binaries share marks both."""
     print("| started | ended | status | binary | test | leak test: CUDA's start-up, the harness's own |")
     print("| --- | --- | --- | --- | --- | --- |")
-    zero = tests[0][0]
-    for started, ended, status, binary, name in tests[:count]:
+    for started, ended, status, binary, name in tests:
         r = timed.get(name)
         leak = f"{ms(r['cuda_startup'])} ms, {ms(own(r))} ms" if r else ""
         print(f"| {started - zero:.2f} | {ended - zero:.2f} | {status} | {binary} | `{name}` | {leak} |")
     print()
+
+
+def first_wave(log_path, rows, count=24, slowest=3):
+    """The first `count` tests of a stamped suite log to start, then for
+    each of the `slowest` leak tests by the harness's own time, every test
+    that ran while it ran: what its driver calls may have waited on."""
+    timed = {r["test"]: r for r in rows}
+    tests = stamped_tests(log_path)
+    zero = tests[0][0]
+    print(f"The first {count} tests to start (seconds since the run's first test started):\n")
+    test_rows(tests[:count], timed, zero)
+    for r in sorted(rows, key=own, reverse=True)[:slowest]:
+        mine = [t for t in tests if t[4] == r["test"]]
+        lines = sum(1 for other in rows if other["test"] == r["test"])
+        if len(mine) != 1 or lines != 1:
+            # The runner-parity tests' children write timing lines under
+            # the names nextest runs too, and two binaries may share one.
+            print(f"`{r['test']}` ({ms(own(r))} ms of its own): {lines} timing lines and {len(mine)} suite lines of "
+                  f"that name, so which run it was is unknown, and none is listed beside it.\n")
+            continue
+        started, ended = mine[0][0], mine[0][1]
+        beside = [t for t in tests if t is not mine[0] and t[0] < ended and t[1] > started]
+        print(f"Beside `{r['test']}` ({ms(own(r))} ms of its own, CUDA's start-up {ms(r['cuda_startup'])} ms, "
+              f"{started - zero:.2f} to {ended - zero:.2f} s): the {len(beside)} tests that ran while it ran.\n")
+        test_rows(beside, timed, zero)
 
 
 def main():
