@@ -22,6 +22,10 @@ PARTS = [
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
     ("prewarm_sources", "… of it: the sources (CPU allocator, trace tracker, CUPTI, hook)"),
     ("prewarm_canaries", "… of it: every layer's canary"),
+    ("canary_tensors", "… … of them: tensors' (a tensor on the CPU and on the device; the pinned host allocator emptied around a block)"),
+    ("canary_host_objects", "… … of them: libtorch's C++ heap's (a CPU tensor's records)"),
+    ("canary_outside_libtorch", "… … of them: memory outside libtorch's (a block straight from the CUDA driver)"),
+    ("canary_rust_heap", "… … of them: the Rust heap's"),
     ("sampling", "synchronisation and sampling"),
     ("attribution", "attribution (failing tests only)"),
     ("attribution_naming", "… of it: grouping the survivors by site and naming their frames"),
@@ -116,7 +120,8 @@ def main():
         r["prewarm"] -= r["cuda_startup"]
         # CUDA's start-up falls in whichever part first touched CUDA: the
         # device's resolution, else the one-time state.
-        for key in ("prewarm_settings", "prewarm_libtorch_check", "prewarm_cuda_state", "prewarm_sources", "prewarm_canaries"):
+        for key in ("prewarm_settings", "prewarm_libtorch_check", "prewarm_cuda_state", "prewarm_sources", "prewarm_canaries",
+                    "canary_tensors", "canary_host_objects", "canary_outside_libtorch", "canary_rust_heap"):
             r.setdefault(key, 0.0)
         left = r["cuda_startup"]
         for key in ("prewarm_settings", "prewarm_cuda_state"):

@@ -138,7 +138,7 @@ where
     exec.notes = exec.probes.coverage_notes();
     parts.sources = part.elapsed();
     let part = Instant::now();
-    let records_per_tensor = match exec.probes.prove() {
+    let records_per_tensor = match exec.probes.prove(&mut parts.canaries_by_layer) {
         Ok(records) => records,
         Err((d, verdict)) => {
             drop(hook);

@@ -5,9 +5,10 @@ use crate::layer::{Counting, Layer, Proof};
 use crate::probe::process::Coverage;
 use crate::probe::{Snapshot, Tracker};
 use crate::report::notes::Note;
-use crate::report::Sample;
+use crate::report::{CanaryTimes, Sample};
 use crate::scope::ResolvedScope;
 use crate::verdict::{Phase, Verdict};
+use std::time::Instant;
 use tch::Device;
 
 /// Every followed layer's counting state, and the trackers they read.
@@ -51,7 +52,7 @@ impl Probes {
     /// device's, must see a canary first. `Ok` is what the C++ heap's
     /// canary added (one CPU tensor's records); `Err` the layer that is
     /// blind, with its verdict.
-    pub(super) fn prove(&mut self) -> Result<i64, (usize, Verdict)> {
+    pub(super) fn prove(&mut self, times: &mut CanaryTimes) -> Result<i64, (usize, Verdict)> {
         let mut records_per_tensor = 0;
         for d in 0..self.counted.len() {
             let on = self.layer(d).device();
@@ -64,7 +65,10 @@ impl Probes {
                 tracker: &self.tracker,
                 coverage: &self.coverage,
             };
-            match self.counted[d].prove(proof) {
+            let started = Instant::now();
+            let proved = self.counted[d].prove(proof);
+            times.add(self.layer(d), started.elapsed());
+            match proved {
                 Ok(added) if self.layer(d) == Layer::HostObjects => records_per_tensor = added,
                 Ok(_) => {}
                 Err(reason) => return Err((d, self.counted[d].cannot_measure(reason))),

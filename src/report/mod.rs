@@ -234,6 +234,38 @@ pub struct PrewarmParts {
     pub sources: Duration,
     /// Every layer's canary.
     pub canaries: Duration,
+    /// Of `canaries`, each layer's: where driver calls wait on other
+    /// processes (many starting CUDA at once), these say whose.
+    #[serde(default)]
+    pub canaries_by_layer: CanaryTimes,
+}
+
+/// The canaries' wall times, one per kind of layer: [`PrewarmParts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct CanaryTimes {
+    /// Tensors on the CPU and on the body's device: a tensor each, and
+    /// libtorch's pinned host allocator emptied around a block of it.
+    pub tensors: Duration,
+    /// libtorch's C++ heap: a CPU tensor's records.
+    pub host_objects: Duration,
+    /// Memory outside libtorch: a block straight from the CUDA driver.
+    pub outside_libtorch: Duration,
+    /// The Rust heap: a block from Rust's global allocator.
+    pub rust_heap: Duration,
+}
+
+impl CanaryTimes {
+    /// Adds the time `layer`'s canary took.
+    pub(crate) fn add(&mut self, layer: Layer, took: Duration) {
+        let part = match layer {
+            Layer::Tensors(_) => &mut self.tensors,
+            Layer::HostObjects => &mut self.host_objects,
+            Layer::OutsideLibtorch(_) => &mut self.outside_libtorch,
+            Layer::RustHeap => &mut self.rust_heap,
+        };
+        *part += took;
+    }
 }
 
 impl HarnessTime {
