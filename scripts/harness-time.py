@@ -20,6 +20,7 @@ PARTS = [
     ("prewarm_settings", "… of it: settings and device, less CUDA's start-up"),
     ("prewarm_libtorch_check", "… of it: the loaded libtorch's version check"),
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
+    ("prewarm_nvml_and_cupti", "… … of it: NVML's and CUPTI's start-ups, on a thread of their own beside the rest, which waits for them"),
     ("prewarm_sources", "… of it: the sources (CPU allocator, trace tracker, CUPTI, hook)"),
     ("prewarm_canaries", "… of it: every layer's canary"),
     ("canary_tensors", "… … of them: tensors' (a tensor on the CPU and on the device; the pinned host allocator emptied around a block)"),
@@ -120,8 +121,8 @@ def main():
         r["prewarm"] -= r["cuda_startup"]
         # CUDA's start-up falls in whichever part first touched CUDA: the
         # device's resolution, else the one-time state.
-        for key in ("prewarm_settings", "prewarm_libtorch_check", "prewarm_cuda_state", "prewarm_sources", "prewarm_canaries",
-                    "canary_tensors", "canary_host_objects", "canary_outside_libtorch", "canary_rust_heap"):
+        for key in ("prewarm_settings", "prewarm_libtorch_check", "prewarm_cuda_state", "prewarm_nvml_and_cupti", "prewarm_sources",
+                    "prewarm_canaries", "canary_tensors", "canary_host_objects", "canary_outside_libtorch", "canary_rust_heap"):
             r.setdefault(key, 0.0)
         left = r["cuda_startup"]
         for key in ("prewarm_settings", "prewarm_cuda_state"):

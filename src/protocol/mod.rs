@@ -183,8 +183,10 @@ fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
         // run while CUDA starts here.
         let ahead = std::thread::Builder::new().name("gpu-leak-test-ahead".into()).spawn(move || {
             let _harness = crate::layer::rust_heap::harness();
+            let started = Instant::now();
             let _ = crate::probe::cuda::process_memory(index);
             crate::probe::driver::subscribe_ahead();
+            started.elapsed()
         });
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
@@ -192,7 +194,7 @@ fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
         // Joined before anything is counted: the thread and what it
         // allocated are gone by then.
         if let Ok(ahead) = ahead {
-            let _ = ahead.join();
+            parts.nvml_and_cupti = ahead.join().unwrap_or_default();
         }
     }
     parts.cuda_state = part.elapsed();

@@ -142,6 +142,7 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "prewarm_settings": time.prewarm_parts.settings.as_secs_f64(),
         "prewarm_libtorch_check": time.prewarm_parts.libtorch_check.as_secs_f64(),
         "prewarm_cuda_state": time.prewarm_parts.cuda_state.as_secs_f64(),
+        "prewarm_nvml_and_cupti": time.prewarm_parts.nvml_and_cupti.as_secs_f64(),
         "prewarm_sources": time.prewarm_parts.sources.as_secs_f64(),
         "prewarm_canaries": time.prewarm_parts.canaries.as_secs_f64(),
         "canary_tensors": time.prewarm_parts.canaries_by_layer.tensors.as_secs_f64(),

@@ -228,6 +228,11 @@ pub struct PrewarmParts {
     /// cuBLAS handles and workspace, autograd's device thread; NVML's
     /// start-up and CUPTI's subscription run beside them.
     pub cuda_state: Duration,
+    /// NVML's and CUPTI's start-ups on their own thread, beside the rest of
+    /// `cuda_state`, which waits for them: where they take longer, they
+    /// are what `cuda_state` is.
+    #[serde(default)]
+    pub nvml_and_cupti: Duration,
     /// Opening the sources: the counting CPU allocator, the CUDA trace
     /// tracker, CUPTI's callbacks on the driver (subscribed here where the
     /// one-time state did not), the per-thread hook.
