@@ -25,7 +25,8 @@
 #           process scope (--attribution-only, blocks of 2 steps, rounds of
 #           1 s) until UNTIL: the short step whose rounds spread the most
 #   attribution-cuda
-#           the same on CUDA, whose margin to 1.10 is as narrow
+#           the same on CUDA, where the step section's short rounds
+#           spread wider than the target's margin
 #
 # A part that runs until UNTIL (count, attribution, attribution-cuda) may
 # be given its own limit as PART:SECONDS, so that parts after it still run:

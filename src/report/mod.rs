@@ -228,9 +228,9 @@ pub struct PrewarmParts {
     /// cuBLAS handles and workspace, autograd's device thread; NVML's
     /// start-up and CUPTI's subscription run beside them.
     pub cuda_state: Duration,
-    /// NVML's and CUPTI's start-ups on their own thread, beside the rest of
-    /// `cuda_state`, which waits for them: where they take longer, they
-    /// are what `cuda_state` is.
+    /// NVML's and CUPTI's start-ups, on a thread of their own while CUDA
+    /// starts and the rest of `cuda_state` runs; `cuda_state` waits for
+    /// them, so where they take longer, they are what it is.
     #[serde(default)]
     pub nvml_and_cupti: Duration,
     /// Opening the sources: the counting CPU allocator, the CUDA trace
