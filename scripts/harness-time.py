@@ -119,15 +119,12 @@ def main():
     if not rows:
         sys.exit(f"{path}: no timing lines (was GPU_LEAK_TEST_TIMINGS set for the run?)")
     for r in rows:
-        r.setdefault("cuda_startup", 0.0)
-        r.setdefault("attribution_naming", 0.0)
-        r.setdefault("waited_in_parent", 0.0)
+        # Lines from older builds lack the parts added since.
+        for key in ["cuda_startup", "waited_in_parent"] + [key for key, _ in PARTS]:
+            r.setdefault(key, 0.0)
         r["prewarm"] -= r["cuda_startup"]
         # CUDA's start-up falls in whichever part first touched CUDA: the
         # device's resolution, else the one-time state.
-        for key in ("prewarm_settings", "prewarm_libtorch_check", "prewarm_cuda_state", "prewarm_nvml_and_cupti", "prewarm_sources",
-                    "prewarm_canaries", "canary_tensors", "canary_host_objects", "canary_outside_libtorch", "canary_rust_heap"):
-            r.setdefault(key, 0.0)
         left = r["cuda_startup"]
         for key in ("prewarm_settings", "prewarm_cuda_state"):
             taken = min(left, r[key])
