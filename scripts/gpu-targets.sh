@@ -132,13 +132,13 @@ bench() {
     cat "$logs/$1.md"
 }
 
-# As many rounds of one bench section as fit before UNTIL, or within the
-# part's own SECONDS (blocks of 2 steps, rounds of 1 s), each kept in
+# As many rounds of one bench section as fit before UNTIL, or within
+# SECONDS where given (blocks of 2 steps, rounds of 1 s), each kept in
 # LOGS/rounds_PART.tsv as it ends:
-#   until_cut_off PART DESCRIPTION SECTION OVERHEAD-ARGS...
+#   until_cut_off SECONDS|"" PART DESCRIPTION SECTION OVERHEAD-ARGS...
 until_cut_off() {
-    local part=$1 description=$2 section=$3
-    shift 3
+    local seconds=$1 part=$2 description=$3 section=$4
+    shift 4
     local limit=$(left)
     if [ -n "$seconds" ] && [ "$seconds" -lt "$limit" ]; then
         limit=$seconds
@@ -183,8 +183,8 @@ for part in "$@"; do
             echo "## PyTorch's anchor: exit $?"
             cat "$logs/anchor.md"
             ;;
-        count) until_cut_off count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
-        attribution) until_cut_off attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
-        attribution-cuda) until_cut_off attribution_cuda "attribution on the MLP step's CUDA" step --attribution-only --devices=cuda ;;
+        count) until_cut_off "$seconds" count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
+        attribution) until_cut_off "$seconds" attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
+        attribution-cuda) until_cut_off "$seconds" attribution_cuda "attribution on the MLP step's CUDA" step --attribution-only --devices=cuda ;;
     esac
 done
