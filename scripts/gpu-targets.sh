@@ -93,6 +93,7 @@ suite() {
             "$dir/gpu-run.sh" "$dir" --status-level pass --final-status-level fail 2>&1 |
             python3 -u -c 'import sys, time
 t0 = time.time()
+print(f"# stamps: seconds since {t0:.3f} on the Unix clock", flush=True)
 for line in sys.stdin:
     sys.stdout.write(f"{time.time() - t0:9.3f} {line}")' >"$logs/suite_$backend.log"
         local status=${PIPESTATUS[0]}

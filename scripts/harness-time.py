@@ -57,21 +57,37 @@ TEST_LINE = re.compile(
 )
 
 
+# The stamped log's first line: when its stamps count from.
+STAMPS_FROM = re.compile(r"^# stamps: seconds since ([\d.]+) on the Unix clock")
+
+
 def stamped_tests(log_path):
     """Every test line of a stamped suite log: (started, ended, status,
     binary, name), started being when its line came less the duration
-    nextest gives, in the order the tests started."""
-    tests = []
+    nextest gives, in the order the tests started; and the Unix time the
+    stamps count from, where the log says it."""
+    tests, stamps_from = [], None
     with open(log_path, encoding="utf-8", errors="replace") as f:
         for text in f:
             m = TEST_LINE.match(text)
             if m:
                 ended, took = float(m[1]), float(m[3])
                 tests.append((ended - took, ended, m[2], m[4].split("::")[-1], m[5]))
+            elif stamps_from is None and (m := STAMPS_FROM.match(text)):
+                stamps_from = float(m[1])
     if not tests:
         sys.exit(f"{log_path}: no test lines (was the suite run with --status-level pass, its lines stamped?)")
     tests.sort()
-    return tests
+    return tests, stamps_from
+
+
+def placed(r, stamps_from):
+    """A timing line's (started, ended) on the log's stamps, where both say
+    when: a line of a name several runs share is placed too."""
+    if stamps_from is None or "ended_unix" not in r:
+        return None
+    ended = r["ended_unix"] - stamps_from
+    return ended - r["total"], ended
 
 
 def test_rows(tests, timed, zero):
@@ -91,13 +107,30 @@ def first_wave(log_path, rows, count=24, slowest=3):
     each of the `slowest` leak tests by the harness's own time, every test
     that ran while it ran: what its driver calls may have waited on."""
     timed = {r["test"]: r for r in rows}
-    tests = stamped_tests(log_path)
+    tests, stamps_from = stamped_tests(log_path)
     zero = tests[0][0]
     print(f"The first {count} tests to start (seconds since the run's first test started):\n")
     test_rows(tests[:count], timed, zero)
     for r in sorted(rows, key=own, reverse=True)[:slowest]:
         mine = [t for t in tests if t[4] == r["test"]]
         lines = sum(1 for other in rows if other["test"] == r["test"])
+        if (window := placed(r, stamps_from)) is not None:
+            started, ended = window
+            beside = [t for t in tests if t[0] < ended and t[1] > started and not (t[4] == r["test"] and t[0] <= started and t[1] >= ended)]
+            # Leak tests a test runs as children write timing lines only.
+            children = [o for o in rows if o is not r and o["test"] not in {t[4] for t in tests}
+                        and (w := placed(o, stamps_from)) and w[0] < ended and w[1] > started]
+            print(f"Beside `{r['test']}` ({ms(own(r))} ms of its own, CUDA's start-up {ms(r['cuda_startup'])} ms, "
+                  f"{started - zero:.2f} to {ended - zero:.2f} s, placed by its timing line): the {len(beside)} tests "
+                  f"that ran while it ran, and {len(children)} leak tests run as children.\n")
+            test_rows(beside, timed, zero)
+            if children:
+                print("| started | ended | child leak test | CUDA's start-up | the harness's own |\n| --- | --- | --- | --- | --- |")
+                for o in sorted(children, key=lambda o: placed(o, stamps_from)):
+                    w = placed(o, stamps_from)
+                    print(f"| {w[0] - zero:.2f} | {w[1] - zero:.2f} | `{o['test']}` | {ms(o['cuda_startup'])} ms | {ms(own(o))} ms |")
+                print()
+            continue
         if len(mine) != 1 or lines != 1:
             # The runner-parity tests' children write timing lines under
             # the names nextest runs too, and two binaries may share one.

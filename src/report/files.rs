@@ -156,6 +156,9 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "other": other.as_secs_f64(),
         // Before this process started, so in none of the parts above.
         "waited_in_parent": crate::isolation::waited_in_parent().as_secs_f64(),
+        // When the line was written, on the wall clock: it places the line
+        // in a runner's stamped log, a child's that shares a name too.
+        "ended_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64(),
     })
     .to_string()
         + "\n";
