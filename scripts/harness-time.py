@@ -111,14 +111,14 @@ def first_wave(log_path, rows, count=24, slowest=3):
     zero = tests[0][0]
     print(f"The first {count} tests to start (seconds since the run's first test started):\n")
     test_rows(tests[:count], timed, zero)
+    # Leak tests that a test runs as children write timing lines only.
+    suite_names = {t[4] for t in tests}
     for r in sorted(rows, key=own, reverse=True)[:slowest]:
-        mine = [t for t in tests if t[4] == r["test"]]
-        lines = sum(1 for other in rows if other["test"] == r["test"])
         if (window := placed(r, stamps_from)) is not None:
             started, ended = window
+            # Its own suite line holds its window; any other that overlaps it ran beside it.
             beside = [t for t in tests if t[0] < ended and t[1] > started and not (t[4] == r["test"] and t[0] <= started and t[1] >= ended)]
-            # Leak tests a test runs as children write timing lines only.
-            children = [o for o in rows if o is not r and o["test"] not in {t[4] for t in tests}
+            children = [o for o in rows if o is not r and o["test"] not in suite_names
                         and (w := placed(o, stamps_from)) and w[0] < ended and w[1] > started]
             print(f"Beside `{r['test']}` ({ms(own(r))} ms of its own, CUDA's start-up {ms(r['cuda_startup'])} ms, "
                   f"{started - zero:.2f} to {ended - zero:.2f} s, placed by its timing line): the {len(beside)} tests "
@@ -131,6 +131,8 @@ def first_wave(log_path, rows, count=24, slowest=3):
                     print(f"| {w[0] - zero:.2f} | {w[1] - zero:.2f} | `{o['test']}` | {ms(o['cuda_startup'])} ms | {ms(own(o))} ms |")
                 print()
             continue
+        mine = [t for t in tests if t[4] == r["test"]]
+        lines = sum(1 for other in rows if other["test"] == r["test"])
         if len(mine) != 1 or lines != 1:
             # The runner-parity tests' children write timing lines under
             # the names nextest runs too, and two binaries may share one.
