@@ -7,6 +7,7 @@
 // registered allocator and device guard, and through dlsym.
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -39,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace glt {
 char* copy_string(const std::string& text) {
@@ -370,6 +372,36 @@ char* glt_cuda_ready_blas(int32_t device, int* ready) {
     view.register_hook([&ready_there, device](const at::Tensor&) { ready_there = ready_blas_on_this_thread(device); });
     torch::autograd::grad({view}, {leaf}, {at::empty({1}, options)});
     *ready = ready_there ? 1 : 0;
+  });
+}
+
+// Grows the autograd ready queue that runs backward work on a device to
+// hold `tasks` at once: autograd's worker thread's queue for CUDA device
+// `device`, the calling thread's own for the CPU (`device` below 0). The
+// queue is a heap in a std::vector that never shrinks: it grows the first
+// time more tasks wait in it than ever before, a one-off of libtorch's host
+// objects (8 to 16 tasks: 1.1 KiB on libtorch 2.11) at whichever
+// backward() the scheduling gives it. On a GPU that came during
+// attribution, and its survivor lifted attribution's trough: a false leak
+// (benches/RESULTS.md, "A fifth H100 lease"). Here, before anything is
+// measured, a backward whose first node makes `tasks` leaves' gradients
+// ready at once puts that many tasks in the queue.
+char* glt_grow_autograd_ready_queue(int32_t device, int32_t tasks) {
+  return guarded([&] {
+    c10::Device on = device < 0 ? c10::Device(c10::DeviceType::CPU)
+                                : c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    c10::DeviceGuard guard(on);
+    at::AutoGradMode grad_mode(true);
+    auto options = at::TensorOptions().dtype(at::kFloat).device(on);
+    // Leaves of no elements: no device memory, no kernel (each allocation
+    // would be a cudaMalloc under PYTORCH_NO_CUDA_MEMORY_CACHING=1), and
+    // their gradients are only captured, never accumulated.
+    std::vector<at::Tensor> leaves;
+    leaves.reserve(static_cast<size_t>(tasks));
+    for (int32_t i = 0; i < tasks; ++i) {
+      leaves.push_back(at::empty({0}, options).requires_grad_(true));
+    }
+    torch::autograd::grad({at::stack(leaves)}, leaves, {at::empty({tasks, 0}, options)});
   });
 }
 

@@ -182,6 +182,43 @@ mod cxx {
     }
 }
 
+/// autograd's ready queue is a heap in a vector that never shrinks: the
+/// first backward in which more tasks wait in it than ever before keeps a
+/// bigger one, a one-off of host objects that can land in a measured
+/// iteration. Grown beforehand, as the prewarm grows a CUDA device's, it
+/// keeps nothing. On the CPU the queue is the calling thread's own, so
+/// each run is on a thread of its own.
+#[test]
+fn a_ready_queue_grown_beforehand_keeps_nothing_when_a_backward_fills_it() {
+    use gpu_leak_test::report::Layer;
+    // `tasks` leaves' gradients made ready at once by the stack's backward.
+    let wide_backward = |tasks: usize| {
+        let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect();
+        let root = Tensor::stack(&leaves, 0).sum(Kind::Float);
+        assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
+    };
+    let kept_by_a_wide_backward = |grown: bool| {
+        std::thread::spawn(move || {
+            let tracker = Tracker::new();
+            let _hook = tracker.enter().unwrap();
+            // The thread's queue made, and every op's first call done.
+            wide_backward(2);
+            if grown {
+                cuda::grow_autograd_ready_queue(Device::Cpu, 64).unwrap();
+            }
+            let before = tracker.layer_view(Layer::HostObjects).live_bytes;
+            wide_backward(24);
+            tracker.layer_view(Layer::HostObjects).live_bytes - before
+        })
+        .join()
+        .unwrap()
+    };
+    let kept = kept_by_a_wide_backward(false);
+    // From room for 2 tasks to room for 32, each task two pointers and more.
+    assert!(kept >= 30 * 32, "the queue's growth is the mechanism this guards against: {kept} B kept");
+    assert_eq!(kept_by_a_wide_backward(true), 0, "a queue grown to 64 tasks beforehand grew again");
+}
+
 /// A sized delete finds its block's mark from the size it is given, an
 /// unsized one asks malloc: every size, the odd ones whose mark is the
 /// signpost's own place, blocks malloc maps on their own, and aligned ones,
