@@ -23,7 +23,7 @@ PARTS = [
     ("prewarm", "prewarm (settings, device, CUDA one-time state, sources, hook), less CUDA's start-up"),
     ("prewarm_settings", "… of it: settings and device, less CUDA's start-up"),
     ("prewarm_libtorch_check", "… of it: the loaded libtorch's version check"),
-    ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
+    ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread and its ready queue; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
     ("prewarm_nvml_and_cupti", "… … beside it: NVML's and CUPTI's start-ups, on a thread of their own that it waits for (CUDA's start-up, which runs meanwhile, not taken out)"),
     ("prewarm_sources", "… of it: the sources (CPU allocator, trace tracker, CUPTI, hook)"),
     ("prewarm_canaries", "… of it: every layer's canary"),

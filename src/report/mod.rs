@@ -225,8 +225,9 @@ pub struct PrewarmParts {
     /// per process).
     pub libtorch_check: Duration,
     /// CUDA's one-time state outside the measurement: the device's context,
-    /// cuBLAS handles and workspace, autograd's device thread; NVML's
-    /// start-up and CUPTI's subscription run beside them.
+    /// cuBLAS handles and workspace, autograd's device thread and its
+    /// ready queue; NVML's start-up and CUPTI's subscription run beside
+    /// them.
     pub cuda_state: Duration,
     /// NVML's and CUPTI's start-ups, on a thread of their own while CUDA
     /// starts and the rest of `cuda_state` runs; `cuda_state` waits for
