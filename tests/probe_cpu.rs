@@ -191,23 +191,17 @@ mod cxx {
 #[test]
 fn a_ready_queue_grown_beforehand_keeps_nothing_when_a_backward_fills_it() {
     use gpu_leak_test::report::Layer;
-    // `tasks` leaves' gradients made ready at once by the stack's backward.
-    let wide_backward = |tasks: usize| {
-        let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect();
-        let root = Tensor::stack(&leaves, 0).sum(Kind::Float);
-        assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
-    };
     let kept_by_a_wide_backward = |grown: bool| {
         std::thread::spawn(move || {
             let tracker = Tracker::new();
             let _hook = tracker.enter().unwrap();
             // The thread's queue made, and every op's first call done.
-            wide_backward(2);
+            common::wide_backward(Device::Cpu, 2);
             if grown {
                 cuda::grow_autograd_ready_queue(Device::Cpu, 64).unwrap();
             }
             let before = tracker.layer_view(Layer::HostObjects).live_bytes;
-            wide_backward(24);
+            common::wide_backward(Device::Cpu, 24);
             tracker.layer_view(Layer::HostObjects).live_bytes - before
         })
         .join()

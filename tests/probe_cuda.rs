@@ -213,18 +213,12 @@ fn after_the_prewarm_a_wide_backward_keeps_no_host_objects() {
     };
     let device = Device::Cuda(index);
     cuda::prewarm(index).unwrap();
-    // `tasks` leaves' gradients made ready at once by the stack's backward.
-    let wide_backward = |tasks: usize| {
-        let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, device)).set_requires_grad(true)).collect();
-        let root = Tensor::stack(&leaves, 0).sum(Kind::Float);
-        assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
-    };
     // Every op's first call done.
-    wide_backward(2);
+    common::wide_backward(device, 2);
     let tracker = Tracker::new();
     let _hook = tracker.enter().unwrap();
     let before = tracker.layer_view(Layer::HostObjects).live_bytes;
-    wide_backward(24);
+    common::wide_backward(device, 24);
     cuda::synchronize(index).unwrap();
     let kept = tracker.layer_view(Layer::HostObjects).live_bytes - before;
     assert_eq!(kept, 0, "a backward of 24 ready tasks kept {kept} B of host objects after the prewarm");

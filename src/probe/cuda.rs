@@ -397,7 +397,7 @@ pub fn prewarm(index: usize) -> Result<()> {
 /// prewarm on, without its queue growing: a capacity of 256 of libtorch's
 /// `NodeTask`s, 34 KiB on libtorch 2.11, made once per device and process.
 /// In the suite's two false leaks the queue grew to 8 and to 16 tasks.
-pub(crate) const READY_QUEUE_TASKS: usize = 256;
+const READY_QUEUE_TASKS: usize = 256;
 
 /// Grows the autograd ready queue that runs `device`'s backward work (the
 /// worker thread's for a CUDA device, the calling thread's own for the CPU)

@@ -156,3 +156,12 @@ pub fn shape_outcomes(
         })
         .collect()
 }
+
+/// A backward whose first node makes `tasks` leaves' gradients ready at
+/// once: that many tasks wait together in autograd's ready queue.
+pub fn wide_backward(device: tch::Device, tasks: usize) {
+    use tch::{Kind, Tensor};
+    let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, device)).set_requires_grad(true)).collect();
+    let root = Tensor::stack(&leaves, 0).sum(Kind::Float);
+    assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
+}
