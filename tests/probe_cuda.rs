@@ -202,24 +202,20 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
 }
 
 /// The prewarm grows autograd's device thread's ready queue, so a backward
-/// that then makes 24 gradients ready at once keeps none of libtorch's host
-/// objects: without it the queue grows there, as `probe_cpu`'s test shows
-/// of a CPU thread's queue.
+/// that then makes 24 gradients ready at once keeps none of it: without it
+/// the queue grows there, as `probe_cpu`'s test shows of a CPU thread's.
 #[test]
 fn after_the_prewarm_a_wide_backward_keeps_no_host_objects() {
-    use gpu_leak_test::report::Layer;
     let Some(index) = cuda_device_or_skip("after_the_prewarm_a_wide_backward_keeps_no_host_objects") else {
         return;
     };
     let device = Device::Cuda(index);
     cuda::prewarm(index).unwrap();
-    // Every op's first call done.
-    common::wide_backward(device, 2);
     let tracker = Tracker::new();
     let _hook = tracker.enter().unwrap();
-    let before = tracker.layer_view(Layer::HostObjects).live_bytes;
-    common::wide_backward(device, 24);
+    // Every op's first call done.
+    common::ready_queue_kept_by_a_wide_backward(&tracker, device, 2);
+    let kept = common::ready_queue_kept_by_a_wide_backward(&tracker, device, 24);
     cuda::synchronize(index).unwrap();
-    let kept = tracker.layer_view(Layer::HostObjects).live_bytes - before;
-    assert_eq!(kept, 0, "a backward of 24 ready tasks kept {kept} B of host objects after the prewarm");
+    assert_eq!(kept, 0, "a backward of 24 ready tasks grew the device's ready queue by {kept} B after the prewarm");
 }

@@ -157,11 +157,29 @@ pub fn shape_outcomes(
         .collect()
 }
 
-/// A backward whose first node makes `tasks` leaves' gradients ready at
-/// once: that many tasks wait together in autograd's ready queue.
-pub fn wide_backward(device: tch::Device, tasks: usize) {
+/// The bytes of autograd's ready queue that a backward whose first node
+/// makes `tasks` leaves' gradients ready at once keeps, on the thread of
+/// `tracker`'s entered hook. The queue's blocks are told by their stacks,
+/// not by bytes alone: beside other tests, a global table that rehashes on
+/// this thread, or a block another thread frees a moment later, moves the
+/// level too.
+pub fn ready_queue_kept_by_a_wide_backward(tracker: &gpu_leak_test::internals::probe::Tracker, device: tch::Device, tasks: usize) -> u64 {
+    use gpu_leak_test::report::Layer;
     use tch::{Kind, Tensor};
     let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, device)).set_requires_grad(true)).collect();
+    // A block recorded before, and freed while nothing recorded, would
+    // still be listed.
+    tracker.clear_recorded();
+    tracker.start_recording_layers(1, true);
     let root = Tensor::stack(&leaves, 0).sum(Kind::Float);
     assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
+    tracker.stop_recording();
+    let mut symbolizer = gpu_leak_test::internals::probe::Symbolizer::new();
+    tracker
+        .recorded_survivors()
+        .iter()
+        .filter(|s| s.layer == Layer::HostObjects)
+        .filter(|s| symbolizer.resolve(&s.stack).iter().any(|f| f.function.contains("ReadyQueue::push")))
+        .map(|s| s.bytes)
+        .sum()
 }
