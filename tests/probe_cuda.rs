@@ -201,12 +201,15 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
     assert!(report.passed(), "{report}");
 }
 
-/// The prewarm grows autograd's device thread's ready queue, so a backward
-/// that then makes 24 gradients ready at once keeps none of it: without it
-/// the queue grows there, as `probe_cpu`'s test shows of a CPU thread's.
+/// The prewarm grows autograd's device thread's ready queue to 256 tasks:
+/// a backward that then makes 24 gradients ready at once keeps none of it,
+/// as it would without (`probe_cpu`'s test shows that of a CPU thread's
+/// queue), and one that makes 300 ready grows it, which shows the device
+/// thread's blocks are seen.
 #[test]
-fn after_the_prewarm_a_wide_backward_keeps_no_host_objects() {
-    let Some(index) = cuda_device_or_skip("after_the_prewarm_a_wide_backward_keeps_no_host_objects") else {
+fn after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue() {
+    let test = "after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue";
+    let Some(index) = cuda_device_or_skip(test) else {
         return;
     };
     let device = Device::Cuda(index);
@@ -216,6 +219,8 @@ fn after_the_prewarm_a_wide_backward_keeps_no_host_objects() {
     // Every op's first call done.
     common::ready_queue_kept_by_a_wide_backward(&tracker, device, 2);
     let kept = common::ready_queue_kept_by_a_wide_backward(&tracker, device, 24);
-    cuda::synchronize(index).unwrap();
     assert_eq!(kept, 0, "a backward of 24 ready tasks grew the device's ready queue by {kept} B after the prewarm");
+    let kept = common::ready_queue_kept_by_a_wide_backward(&tracker, device, 300);
+    cuda::synchronize(index).unwrap();
+    assert!(kept >= 300 * 32, "a backward of 300 ready tasks should grow the queue past 256; {kept} B seen");
 }
