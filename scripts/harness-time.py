@@ -118,16 +118,16 @@ def first_wave(log_path, rows, count=24, slowest=3):
             started, ended = window
             # Its own suite line holds its window; any other that overlaps it ran beside it.
             beside = [t for t in tests if t[0] < ended and t[1] > started and not (t[4] == r["test"] and t[0] <= started and t[1] >= ended)]
-            children = [o for o in rows if o is not r and o["test"] not in suite_names
-                        and (w := placed(o, stamps_from)) and w[0] < ended and w[1] > started]
+            children = sorted([(w, o) for o in rows if o is not r and o["test"] not in suite_names
+                               and (w := placed(o, stamps_from)) and w[0] < ended and w[1] > started],
+                              key=lambda child: child[0])
             print(f"Beside `{r['test']}` ({ms(own(r))} ms of its own, CUDA's start-up {ms(r['cuda_startup'])} ms, "
                   f"{started - zero:.2f} to {ended - zero:.2f} s, placed by its timing line): the {len(beside)} tests "
                   f"that ran while it ran, and {len(children)} leak tests run as children.\n")
             test_rows(beside, timed, zero)
             if children:
                 print("| started | ended | child leak test | CUDA's start-up | the harness's own |\n| --- | --- | --- | --- | --- |")
-                for o in sorted(children, key=lambda o: placed(o, stamps_from)):
-                    w = placed(o, stamps_from)
+                for w, o in children:
                     print(f"| {w[0] - zero:.2f} | {w[1] - zero:.2f} | `{o['test']}` | {ms(o['cuda_startup'])} ms | {ms(own(o))} ms |")
                 print()
             continue
