@@ -405,6 +405,23 @@ char* glt_grow_autograd_ready_queue(int32_t device, int32_t tasks) {
   });
 }
 
+// Pops what autograd's device workers left in the calling thread's own
+// ready queue. A worker that finishes a backward() pushes a wake-up task
+// (no node, a weak pointer to the backward's GraphTask) into the queue of
+// the thread that called it, which pops it only if it has not yet seen the
+// backward finish. Where the worker finished first (a short backward, the
+// caller descheduled between queueing the root and entering its loop), the
+// wake-up stays, and its weak pointer keeps the GraphTask's make_shared
+// block (about 1 KiB on libtorch 2.11) allocated. They pile up until a
+// backward of this thread enters its loop in time, whose first pops free
+// them all: a sawtooth of libtorch's host objects that looks like kept
+// blocks (benches/RESULTS.md, "Wake-ups left in the caller's queue"). A
+// backward on the CPU always enters the loop, since its root waits in this
+// very queue, and the heap pops wake-ups (tasks without a node) first.
+char* glt_drain_autograd_ready_queue() {
+  return glt_grow_autograd_ready_queue(-1, 1);
+}
+
 // *name is the CUDA allocator backend's own name ("native",
 // "cudaMallocAsync"), or null where this build has no CUDA headers.
 char* glt_cuda_allocator_backend(char** name) {

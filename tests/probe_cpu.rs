@@ -210,6 +210,34 @@ fn a_ready_queue_grown_beforehand_keeps_nothing_when_a_backward_fills_it() {
     assert_eq!(kept_on_a_thread_of_its_own(true), 0, "a queue grown to 64 tasks beforehand grew again");
 }
 
+/// The drain a leak test runs before each sample on a CUDA runner (the
+/// host-objects layer's `settle`) is a backward of its own on the calling
+/// thread: it must run one (libtorch's host objects come and go), keep
+/// nothing, and leave the body's own graph to the body.
+#[test]
+fn draining_a_threads_ready_queue_keeps_nothing_and_leaves_a_kept_graph_alone() {
+    use gpu_leak_test::report::Layer;
+    std::thread::spawn(|| {
+        let tracker = Tracker::new();
+        let _hook = tracker.enter().unwrap();
+        let x = Tensor::ones([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let kept = (&x * 2).sum(Kind::Float);
+        // The thread's queue made, and every op's first call done.
+        cuda::drain_autograd_ready_queue().unwrap();
+        let before = tracker.layer_view(Layer::HostObjects);
+        for _ in 0..10 {
+            cuda::drain_autograd_ready_queue().unwrap();
+        }
+        let after = tracker.layer_view(Layer::HostObjects);
+        assert!(after.allocations - before.allocations >= 10, "the drain ran no backward: {before:?} -> {after:?}");
+        assert_eq!(after.live_bytes, before.live_bytes, "ten drains kept host objects");
+        let grads = Tensor::run_backward(&[kept], &[&x], false, false);
+        assert_eq!(Vec::<f32>::try_from(&grads[0]).unwrap(), vec![2.0; 4], "the kept graph was not the body's any more");
+    })
+    .join()
+    .unwrap();
+}
+
 /// A sized delete finds its block's mark from the size it is given, an
 /// unsized one asks malloc: every size, the odd ones whose mark is the
 /// signpost's own place, blocks malloc maps on their own, and aligned ones,

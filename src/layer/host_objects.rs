@@ -88,11 +88,13 @@ impl Home for HostObjects {
         )
     }
 
-    /// One: autograd's worker drops a backward's `GraphTask` (about 1 KiB)
-    /// after the caller's `backward()` has returned, so at a sample the
-    /// last one is still alive at times, and now and then the one before
-    /// (an H200 under `cudaMallocAsync` saw iterations 9 and 10 of 10
-    /// alive). What piles up leaves survivors further back.
+    /// One: autograd's device worker lets go of a backward's `GraphTask`
+    /// (about 1 KiB) just after the caller's `backward()` has returned, and
+    /// its wake-up, which keeps the block, may reach this thread's queue
+    /// just after [`Counting::settle`] drained it. So at a sample the last
+    /// one is still alive at times, and now and then the one before (an
+    /// H200 under `cudaMallocAsync` saw iterations 9 and 10 of 10 alive).
+    /// What piles up leaves survivors further back.
     fn iterations_a_free_may_lag(&self) -> u32 {
         1
     }
@@ -128,6 +130,19 @@ impl Counting for Counted {
         match self.source {
             Source::Hook => HOOK,
             Source::OperatorNew => "operator new (the process's C++ heap)",
+        }
+    }
+
+    /// Frees the `GraphTask` blocks that autograd's device workers' wake-ups
+    /// keep in this thread's ready queue: they pile up for as long as the
+    /// workers finish this thread's backwards before it looks, 1 KiB a
+    /// backward, then go all at once (see
+    /// `probe::cuda::drain_autograd_ready_queue`). Only where a device's
+    /// worker ran: a CPU backward leaves none.
+    fn settle(&self) {
+        if crate::probe::cuda::autograd_workers_started() {
+            // Best effort: a drain that fails leaves the level as it was.
+            let _ = crate::probe::cuda::drain_autograd_ready_queue();
         }
     }
 

@@ -302,6 +302,10 @@ pub(crate) trait Counting: Send + Sync {
     fn counts_events(&self) -> bool {
         true
     }
+    /// Before a sample's levels are read, on the body's thread: lets go of
+    /// what the source's owner keeps only until its next call, so a level
+    /// is what the body kept.
+    fn settle(&self) {}
     /// Live bytes now.
     fn level(&self, tracker: &Tracker) -> i64;
     /// Live bytes now on every thread, where a test counts only its own

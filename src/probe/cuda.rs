@@ -364,7 +364,8 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
 /// first. They are made directly, without a kernel: a first matmul and
 /// backward also load their kernels, about 100 ms on an H200, which a body
 /// that never multiplies would not pay. Then the device thread's ready
-/// queue is grown (see [`grow_autograd_ready_queue`]).
+/// queue and the calling thread's own are grown (see
+/// [`grow_autograd_ready_queue`]).
 pub fn prewarm(index: usize) -> Result<()> {
     let device = check_device(index)?;
     // The device's context comes with its first tensor: CUDA's start-up,
@@ -385,12 +386,47 @@ pub fn prewarm(index: usize) -> Result<()> {
     if ready == 0 {
         prewarm_through_a_matmul(index).map_err(|e| torch_error("a prewarming matmul", e))?;
     }
-    static QUEUES_GROWN: AtomicU64 = AtomicU64::new(0);
     if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
         grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
         QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
     }
+    // The calling thread's own queue holds the device worker's wake-ups
+    // for this thread's backwards (see `drain_autograd_ready_queue`).
+    thread_local! {
+        static CALLERS_QUEUE_GROWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !CALLERS_QUEUE_GROWN.get() {
+        grow_autograd_ready_queue(tch::Device::Cpu, CALLERS_QUEUE_TASKS)?;
+        CALLERS_QUEUE_GROWN.set(true);
+    }
     synchronize(index)
+}
+
+/// By device, the queues the prewarm grew: autograd's worker threads for
+/// devices run from the first one on.
+static QUEUES_GROWN: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a device's autograd worker has run a backward in this process,
+/// so that its wake-ups may wait in a caller's queue
+/// ([`drain_autograd_ready_queue`]): true from the first CUDA prewarm on.
+pub(crate) fn autograd_workers_started() -> bool {
+    QUEUES_GROWN.load(Ordering::Relaxed) != 0
+}
+
+/// Tasks a calling thread's own queue can hold at once from the prewarm
+/// on: the wake-ups its backwards may leave between two drains, 8.5 KiB of
+/// `NodeTask`s on libtorch 2.11, made once per thread.
+const CALLERS_QUEUE_TASKS: usize = 64;
+
+/// Pops what autograd's device workers left in the calling thread's ready
+/// queue: the wake-up tasks of backwards that finished before this thread
+/// looked, each keeping its backward's `GraphTask` block (about 1 KiB)
+/// allocated (see `glt_drain_autograd_ready_queue` in the shim). It runs a
+/// backward of one leaf of no elements on the CPU: no tensor memory, and
+/// what it allocates of libtorch's host objects it frees.
+pub fn drain_autograd_ready_queue() -> Result<()> {
+    // SAFETY: no arguments.
+    ffi::check("glt_drain_autograd_ready_queue", unsafe { ffi::glt_drain_autograd_ready_queue() })
 }
 
 /// Tasks autograd's worker thread for a device can hold at once from the

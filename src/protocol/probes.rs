@@ -93,6 +93,9 @@ impl Probes {
     /// the sample before (a new peak window starts), the process-wide
     /// levels in thread scope, and the body's device's views.
     pub(super) fn read(&self, phase: Phase, iteration: u32, host_heap: bool) -> (Reading, Snapshot) {
+        for counted in &self.counted {
+            counted.settle();
+        }
         let snapshot = self.snapshot(host_heap);
         let levels = self.levels_now();
         let peaks = self
