@@ -201,7 +201,9 @@ pub struct HarnessTime {
     /// `prewarm`, part by part.
     #[serde(default)]
     pub prewarm_parts: PrewarmParts,
-    /// Synchronising the device and reading every view after each iteration.
+    /// Synchronising the device, settling the layers (a CUDA test's
+    /// autograd wake-ups drained) and reading every view after each
+    /// iteration.
     pub sampling: Duration,
     /// Attribution, where it ran: its iterations with a stack captured for
     /// every allocation, then grouping and symbolising the survivors.
@@ -226,8 +228,8 @@ pub struct PrewarmParts {
     pub libtorch_check: Duration,
     /// CUDA's one-time state outside the measurement: the device's context,
     /// cuBLAS handles and workspace, autograd's device thread and its
-    /// ready queue; NVML's start-up and CUPTI's subscription run beside
-    /// them.
+    /// ready queue, and the calling thread's own; NVML's start-up and
+    /// CUPTI's subscription run beside them.
     pub cuda_state: Duration,
     /// NVML's and CUPTI's start-ups, on a thread of their own while CUDA
     /// starts and the rest of `cuda_state` runs; `cuda_state` waits for
