@@ -12,7 +12,8 @@
 #           GPU_LEAK_TEST_TIMINGS set: per backend nextest's summary, the
 #           harness's own time per leak test (scripts/harness-time.py), the
 #           report-consistency check, whether every CUDA test's verdict
-#           is the one it had under the first backend, and the suite's first
+#           is the one it had under the first backend, how many CUDA
+#           reports show autograd's wake-ups piling up, and the suite's first
 #           wave (harness-time.py, from nextest's own lines, each stamped
 #           with the seconds since the run began as it came)
 #   step    overhead --bench step, every variant, ROUNDS rounds (25)
@@ -75,6 +76,36 @@ for stem, row in sorted(rows.items()):
 PY
 }
 
+# How many CUDA reports in a report folder show autograd's wake-ups piling
+# up in the caller's queue: host-object levels that drop by three or more
+# GraphTask blocks (1,128 B each on libtorch 2.11) at once. The drain
+# before each sample (the host-objects layer's settle) should leave none.
+wake_up_drops() {
+    python3 - "$1" <<'PY'
+import glob, json, os, sys
+graph_task = 1128
+seen, dropped = 0, []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        report = json.load(open(path, encoding="utf-8"))
+    except (OSError, ValueError):
+        continue
+    if not str(report.get("device", "")).startswith("cuda"):
+        continue
+    for layer in report.get("devices", []):
+        if layer.get("layer") != "host-objects":
+            continue
+        seen += 1
+        levels = [v for v in layer.get("levels") or [] if isinstance(v, (int, float))]
+        drops = [a - b for a, b in zip(levels, levels[1:]) if a - b >= 3 * graph_task]
+        if drops:
+            dropped.append(f"{os.path.basename(path)} ({', '.join(f'-{d} B' for d in drops)})")
+print(f"host-object levels that drop by 3 or more GraphTask blocks at once (autograd's wake-ups piled up): {len(dropped)} of {seen} CUDA reports")
+for line in dropped:
+    print(f"  {line}")
+PY
+}
+
 suite() {
     local first=""
     for backend in native async expandable nocache; do
@@ -122,6 +153,7 @@ for line in sys.stdin:
         else
             echo "CUDA verdicts: none (no CUDA test wrote a report)"
         fi
+        wake_up_drops target/gpu-leak-test
         rm -rf "$logs/reports_$backend"
         mv target/gpu-leak-test "$logs/reports_$backend"
     done
