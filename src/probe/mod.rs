@@ -26,6 +26,7 @@ pub use stacks::Frame;
 #[cfg(feature = "internals")]
 pub use stacks::{Stack, Symbolizer};
 
+use std::time::{Duration, Instant};
 use tch::Device;
 
 /// Every view of one device's memory at one moment. `allocator` and `driver`
@@ -46,6 +47,18 @@ pub struct Snapshot {
     pub process: Option<u64>,
 }
 
+/// Where a snapshot's time went, summed over snapshots: the calls that
+/// wait on the device, the driver, or the size of the heap.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SnapshotTimes {
+    /// Synchronising the device.
+    pub(crate) synchronize: Duration,
+    /// The driver's free and total memory (`cudaMemGetInfo`).
+    pub(crate) driver: Duration,
+    /// glibc's count of the host heap in use.
+    pub(crate) host_heap: Duration,
+}
+
 impl Snapshot {
     /// Synchronises the device (so frees that wait on streams have happened)
     /// and reads every view. CUDA views that fail to read are left out.
@@ -58,14 +71,28 @@ impl Snapshot {
     /// says: glibc's count walks every free chunk, so its cost grows with
     /// the heap, and a long window reads it only every so many iterations.
     pub fn take_reading_host_heap(device: Device, tracker: &Tracker, host_heap: bool) -> Snapshot {
+        Snapshot::take_timed(device, tracker, host_heap, &mut SnapshotTimes::default())
+    }
+
+    /// [`Snapshot::take_reading_host_heap`], adding the time of each call
+    /// that can wait on something outside the process to `times`.
+    pub(crate) fn take_timed(device: Device, tracker: &Tracker, host_heap: bool, times: &mut SnapshotTimes) -> Snapshot {
         let (allocator, driver) = match device {
             Device::Cuda(index) => {
+                let started = Instant::now();
                 let _ = cuda::synchronize(index);
-                (cuda::allocator_stats(index).ok(), cuda::driver_memory(index).ok())
+                times.synchronize += started.elapsed();
+                let allocator = cuda::allocator_stats(index).ok();
+                let started = Instant::now();
+                let driver = cuda::driver_memory(index).ok();
+                times.driver += started.elapsed();
+                (allocator, driver)
             }
             _ => (None, None),
         };
+        let started = Instant::now();
         let host_heap = if host_heap { host::heap_in_use() } else { None };
+        times.host_heap += started.elapsed();
         Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap, process: None }
     }
 

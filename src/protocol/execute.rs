@@ -105,7 +105,8 @@ impl<'a> Executor<'a> {
     /// Takes one sample, and says where a long run is.
     pub(super) fn sample(&mut self, phase: Phase, iteration: u32) -> Snapshot {
         let started = Instant::now();
-        let (reading, snapshot) = self.probes.read(phase, iteration, self.reads_host_heap(phase, iteration));
+        let host_heap = self.reads_host_heap(phase, iteration);
+        let (reading, snapshot) = self.probes.read(phase, iteration, host_heap, &mut self.time.sampling_parts);
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
             eprintln!(

@@ -3,9 +3,9 @@
 use super::samples::Reading;
 use crate::layer::{Counting, Layer, Proof};
 use crate::probe::process::Coverage;
-use crate::probe::{Snapshot, Tracker};
+use crate::probe::{Snapshot, SnapshotTimes, Tracker};
 use crate::report::notes::Note;
-use crate::report::{CanaryTimes, Sample};
+use crate::report::{CanaryTimes, Sample, SamplingParts};
 use crate::scope::ResolvedScope;
 use crate::verdict::{Phase, Verdict};
 use std::time::Instant;
@@ -92,11 +92,18 @@ impl Probes {
     /// Every reading of one sample: each layer's level and its peak since
     /// the sample before (a new peak window starts), the process-wide
     /// levels in thread scope, and the body's device's views.
-    pub(super) fn read(&self, phase: Phase, iteration: u32, host_heap: bool) -> (Reading, Snapshot) {
+    /// Where its time went is added to `parts`.
+    pub(super) fn read(&self, phase: Phase, iteration: u32, host_heap: bool, parts: &mut SamplingParts) -> (Reading, Snapshot) {
+        let started = Instant::now();
         for counted in &self.counted {
             counted.settle();
         }
-        let snapshot = self.snapshot(host_heap);
+        parts.settle += started.elapsed();
+        let mut times = SnapshotTimes::default();
+        let snapshot = self.snapshot_timed(host_heap, &mut times);
+        parts.synchronize += times.synchronize;
+        parts.driver += times.driver;
+        parts.host_heap += times.host_heap;
         let levels = self.levels_now();
         let peaks = self
             .counted
@@ -117,7 +124,11 @@ impl Probes {
     /// Every view of the body's device, its exact count as its source
     /// counts it (the allocator's statistics, where they are the source).
     pub(super) fn snapshot(&self, host_heap: bool) -> Snapshot {
-        let mut snapshot = Snapshot::take_reading_host_heap(self.device, &self.tracker, host_heap);
+        self.snapshot_timed(host_heap, &mut SnapshotTimes::default())
+    }
+
+    fn snapshot_timed(&self, host_heap: bool, times: &mut SnapshotTimes) -> Snapshot {
+        let mut snapshot = Snapshot::take_timed(self.device, &self.tracker, host_heap, times);
         snapshot.hook = self.counted[self.body].view(&self.tracker);
         snapshot
     }

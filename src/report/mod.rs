@@ -205,6 +205,10 @@ pub struct HarnessTime {
     /// autograd wake-ups drained) and reading every view after each
     /// iteration.
     pub sampling: Duration,
+    /// `sampling`, part by part, where a part can wait on something
+    /// outside the process.
+    #[serde(default)]
+    pub sampling_parts: SamplingParts,
     /// Attribution, where it ran: its iterations with a stack captured for
     /// every allocation, then grouping and symbolising the survivors.
     pub attribution: Duration,
@@ -246,6 +250,23 @@ pub struct PrewarmParts {
     /// processes (many starting CUDA at once), these say whose.
     #[serde(default)]
     pub canaries_by_layer: CanaryTimes,
+}
+
+/// The parts of a leak test's sampling that can wait on the device, the
+/// driver or the heap's size, summed over its samples ([`HarnessTime`]).
+/// The rest of `sampling` is reading the counts, which waits on nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct SamplingParts {
+    /// Settling the layers: a CUDA test's autograd wake-ups drained (a
+    /// backward on the CPU).
+    pub settle: Duration,
+    /// Synchronising the device.
+    pub synchronize: Duration,
+    /// Asking the driver for the device's free memory.
+    pub driver: Duration,
+    /// glibc's count of the host heap in use, where read.
+    pub host_heap: Duration,
 }
 
 /// The canaries' wall times, one per kind of layer: [`PrewarmParts`].
