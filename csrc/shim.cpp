@@ -415,7 +415,7 @@ char* glt_grow_autograd_ready_queue(int32_t device, int32_t tasks) {
 // block (about 1 KiB on libtorch 2.11) allocated. They pile up until a
 // backward of this thread enters its loop in time, whose first pops free
 // them all: a sawtooth of libtorch's host objects that looks like kept
-// blocks (benches/RESULTS.md, "Wake-ups left in the caller's queue"). A
+// blocks (benches/RESULTS.md, "A sixth H100 lease"). A
 // backward on the CPU always enters the loop, since its root waits in this
 // very queue, and the heap pops wake-ups (tasks without a node) first.
 char* glt_drain_autograd_ready_queue() {

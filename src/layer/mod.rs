@@ -302,9 +302,9 @@ pub(crate) trait Counting: Send + Sync {
     fn counts_events(&self) -> bool {
         true
     }
-    /// Before a sample's levels are read, on the body's thread: lets go of
-    /// what the source's owner keeps only until its next call, so a level
-    /// is what the body kept.
+    /// Before a sample's levels are read, on the body's thread: frees what
+    /// libtorch keeps only until the thread's next call into it, so that a
+    /// level is what the body kept.
     fn settle(&self) {}
     /// Live bytes now.
     fn level(&self, tracker: &Tracker) -> i64;
