@@ -64,18 +64,14 @@ impl Snapshot {
     /// and reads every view. CUDA views that fail to read are left out.
     #[cfg(feature = "internals")]
     pub fn take(device: Device, tracker: &Tracker) -> Snapshot {
-        Snapshot::take_reading_host_heap(device, tracker, true)
+        Snapshot::take_timed(device, tracker, true, &mut SnapshotTimes::default())
     }
 
     /// [`Snapshot::take`], reading the host heap only where `host_heap`
-    /// says: glibc's count walks every free chunk, so its cost grows with
-    /// the heap, and a long window reads it only every so many iterations.
-    pub fn take_reading_host_heap(device: Device, tracker: &Tracker, host_heap: bool) -> Snapshot {
-        Snapshot::take_timed(device, tracker, host_heap, &mut SnapshotTimes::default())
-    }
-
-    /// [`Snapshot::take_reading_host_heap`], adding the time of each call
-    /// that can wait on something outside the process to `times`.
+    /// says (glibc's count walks every free chunk, so its cost grows with
+    /// the heap, and a long window reads it only every so many iterations),
+    /// and adding the time of each call that can wait on something outside
+    /// the process to `times`.
     pub(crate) fn take_timed(device: Device, tracker: &Tracker, host_heap: bool, times: &mut SnapshotTimes) -> Snapshot {
         let (allocator, driver) = match device {
             Device::Cuda(index) => {
