@@ -108,6 +108,10 @@ PY
 
 suite() {
     local first=""
+    # Whether the child that aborts on purpose (runners) could write a
+    # core here, had it not turned its own off: the suite's slowest test
+    # has run beside it.
+    echo "core files: ulimit -c $(ulimit -c), pattern $(cat /proc/sys/kernel/core_pattern 2>/dev/null)"
     for backend in native async expandable nocache; do
         local setting
         case $backend in
