@@ -269,11 +269,13 @@ fn the_drain_frees_the_graph_tasks_the_device_workers_wake_ups_kept() {
         for _ in 0..48 {
             backward();
         }
-        let level = tracker.layer_view(Layer::HostObjects).live_bytes;
+        // The levels just around the drain: the worker may let go of a task
+        // while the stacks are read, which is slow.
         let before = HostObjectsKept::read(&tracker, &mut symbolizer);
+        let level = tracker.layer_view(Layer::HostObjects).live_bytes;
         cuda::drain_autograd_ready_queue().unwrap();
-        let after = HostObjectsKept::read(&tracker, &mut symbolizer);
         let dropped = level - tracker.layer_view(Layer::HostObjects).live_bytes;
+        let after = HostObjectsKept::read(&tracker, &mut symbolizer);
         rounds_with_wake_ups_left += (before.graph_tasks > 0) as u32;
         most_left = most_left.max(before.graph_tasks);
         if dropped >= 1024 {
