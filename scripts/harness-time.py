@@ -190,11 +190,19 @@ def main():
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | |")
     slowest = max(rows, key=own)
-    top = max((p for p in PARTS if p[0] != BESIDE), key=lambda p: slowest[p[0]])
+    top = max((p for p in PARTS if not p[1].startswith("…")), key=lambda p: slowest[p[0]])
+    # Its largest part one level down, if it has parts: which call waited.
+    start = PARTS.index(top) + 1
+    end = next((i for i in range(start, len(PARTS)) if not PARTS[i][1].startswith("…")), len(PARTS))
+    children = [p for p in PARTS[start:end] if p[1].startswith("… of it") and p[0] != BESIDE]
+    below = ""
+    if children:
+        child = max(children, key=lambda p: slowest[p[0]])
+        below = f", the largest share of which {child[1].removeprefix('… of it: ')} ({ms(slowest[child[0]])} ms)"
     print(
         f"\nSlowest: `{slowest['test']}` on {slowest['device']} ({slowest['verdict']}): "
         f"{ms(own(slowest))} ms of its own, "
-        f"most of it {top[1]} ({ms(slowest[top[0]])} ms).\n"
+        f"most of it {top[1]} ({ms(slowest[top[0]])} ms){below}.\n"
     )
     # A CUDA test pays CUDA's one-time state in its own process under
     # nextest; a CPU test never does: their medians apart.
