@@ -321,10 +321,8 @@ impl HostObjectsKept {
     /// what it allocates is made in the functions it calls, or freed with
     /// the task.
     fn read(tracker: &Tracker, symbolizer: &mut Symbolizer) -> HostObjectsKept {
-        use gpu_leak_test::report::Layer;
         let mut kept = HostObjectsKept { graph_tasks: 0, others: Vec::new() };
-        for survivor in tracker.recorded_survivors().into_iter().filter(|s| s.layer == Layer::HostObjects) {
-            let frames = symbolizer.resolve(&survivor.stack);
+        for (survivor, frames) in common::host_object_survivors(tracker, symbolizer) {
             let libtorch: Vec<&str> = frames
                 .iter()
                 .map(|f| f.function.as_str())

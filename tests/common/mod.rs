@@ -164,7 +164,6 @@ pub fn shape_outcomes(
 /// this thread, or a block another thread frees a moment later, moves the
 /// level too.
 pub fn ready_queue_kept_by_a_wide_backward(tracker: &gpu_leak_test::internals::probe::Tracker, device: tch::Device, tasks: usize) -> u64 {
-    use gpu_leak_test::report::Layer;
     use tch::{Kind, Tensor};
     let leaves: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros([1], (Kind::Float, device)).set_requires_grad(true)).collect();
     // A block recorded before, and freed while nothing recorded, would
@@ -175,11 +174,28 @@ pub fn ready_queue_kept_by_a_wide_backward(tracker: &gpu_leak_test::internals::p
     assert_eq!(Tensor::run_backward(&[root], &leaves, false, false).len(), tasks);
     tracker.stop_recording();
     let mut symbolizer = gpu_leak_test::internals::probe::Symbolizer::new();
+    host_object_survivors(tracker, &mut symbolizer)
+        .iter()
+        .filter(|(_, frames)| frames.iter().any(|f| f.function.contains("ReadyQueue::push")))
+        .map(|(survivor, _)| survivor.bytes)
+        .sum()
+}
+
+/// The recorded blocks of libtorch's host objects that are still alive,
+/// each with its frames named. A block freed while nothing recorded is
+/// still listed: read while recording, or after `clear_recorded`.
+pub fn host_object_survivors(
+    tracker: &gpu_leak_test::internals::probe::Tracker,
+    symbolizer: &mut gpu_leak_test::internals::probe::Symbolizer,
+) -> Vec<(gpu_leak_test::internals::probe::LiveAllocation, Vec<gpu_leak_test::internals::probe::Frame>)> {
+    use gpu_leak_test::report::Layer;
     tracker
         .recorded_survivors()
-        .iter()
+        .into_iter()
         .filter(|s| s.layer == Layer::HostObjects)
-        .filter(|s| symbolizer.resolve(&s.stack).iter().any(|f| f.function.contains("ReadyQueue::push")))
-        .map(|s| s.bytes)
-        .sum()
+        .map(|s| {
+            let frames = symbolizer.resolve(&s.stack);
+            (s, frames)
+        })
+        .collect()
 }
