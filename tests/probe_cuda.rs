@@ -287,6 +287,9 @@ fn the_drain_frees_the_graph_tasks_the_device_workers_wake_ups_kept() {
         // may have seen the backward finish.
         assert!(after.graph_tasks <= 1, "round {round}: {} GraphTask blocks before the drain; after it:\n{after}", before.graph_tasks);
     }
+    // Read while recording: a block freed after it stops would still be
+    // listed.
+    let kept = HostObjectsKept::read(&tracker, &mut symbolizer);
     tracker.stop_recording();
     // What the drain frees is what the stacks call GraphTask blocks. A
     // single drop may be the worker letting go of a task's contents while
@@ -294,16 +297,14 @@ fn the_drain_frees_the_graph_tasks_the_device_workers_wake_ups_kept() {
     // they are misread, and the check above would pass blind.
     assert!(
         drops < 3 || drops_the_stacks_explain > 0,
-        "the drain freed 1 KiB or more in {drops} rounds, and in none of them a block made in Engine::execute:\n{}",
-        HostObjectsKept::read(&tracker, &mut symbolizer)
+        "the drain freed 1 KiB or more in {drops} rounds, and in none of them a block made in Engine::execute:\n{kept}"
     );
     let worker_pinned = pinned.worker_pinned;
     drop(pinned);
     eprintln!(
         "{test}: {}; GraphTask blocks left before a drain in {rounds_with_wake_ups_left} rounds of 20, at most {most_left}; \
-         drains that freed 1 KiB or more: {drops}, {drops_the_stacks_explain} of them GraphTask blocks; kept past the last drain:\n{}",
+         drains that freed 1 KiB or more: {drops}, {drops_the_stacks_explain} of them GraphTask blocks; kept past the last drain:\n{kept}",
         if worker_pinned { "the worker and this thread on one core" } else { "the worker thread not found or not pinned" },
-        HostObjectsKept::read(&tracker, &mut symbolizer)
     );
 }
 
