@@ -194,7 +194,7 @@ def main():
     # Its largest part one level down, if it has parts: which call waited.
     start = PARTS.index(top) + 1
     end = next((i for i in range(start, len(PARTS)) if not PARTS[i][1].startswith("…")), len(PARTS))
-    children = [p for p in PARTS[start:end] if p[1].startswith("… of it") and p[0] != BESIDE]
+    children = [p for p in PARTS[start:end] if p[1].startswith("… of it")]
     below = ""
     if children:
         child = max(children, key=lambda p: slowest[p[0]])
