@@ -415,9 +415,9 @@ char* glt_grow_autograd_ready_queue(int32_t device, int32_t tasks) {
 // block (about 1 KiB on libtorch 2.11) allocated. They pile up until a
 // backward of this thread enters its loop in time, whose first pops free
 // them all: a sawtooth of libtorch's host objects that looks like kept
-// blocks (benches/RESULTS.md, "A sixth H100 lease"). A
-// backward on the CPU always enters the loop, since its root waits in this
-// very queue, and the heap pops wake-ups (tasks without a node) first.
+// blocks (benches/RESULTS.md, "A sixth H100 lease"). A backward on the CPU
+// always enters the loop, since its root waits in this very queue, and the
+// heap pops wake-ups (tasks without a node) first.
 char* glt_drain_autograd_ready_queue() {
   return glt_grow_autograd_ready_queue(-1, 1);
 }
