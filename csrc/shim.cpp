@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -355,13 +356,20 @@ char* glt_cuda_clear_cublas_workspaces(int* available) {
 // which runs no kernel, with a hook on the view's gradient. *ready is 0
 // where libtorch lacks one of the functions, or CUDA's runtime its
 // cudaSetDevice: the caller then prewarms through a matmul and its
-// backward.
-char* glt_cuda_ready_blas(int32_t device, int* ready) {
+// backward. *here_nanos is the calling thread's own part; the rest is the
+// worker's (its start where it had not run, its own cuBLAS state): where
+// many processes start CUDA at once, the two wait on the driver apart.
+char* glt_cuda_ready_blas(int32_t device, int* ready, uint64_t* here_nanos) {
   return guarded([&] {
     *ready = 0;
+    *here_nanos = 0;
     c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
     c10::DeviceGuard guard(on);
-    if (!ready_blas_on_this_thread(device)) {
+    auto here_started = std::chrono::steady_clock::now();
+    bool here_ready = ready_blas_on_this_thread(device);
+    *here_nanos = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - here_started).count());
+    if (!here_ready) {
       return;
     }
     at::AutoGradMode grad_mode(true);

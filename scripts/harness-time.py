@@ -24,6 +24,9 @@ PARTS = [
     ("prewarm_settings", "… of it: settings and device, less CUDA's start-up"),
     ("prewarm_libtorch_check", "… of it: the loaded libtorch's version check"),
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread, its ready queue and the caller's; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
+    ("cuda_state_cublas_here", "… … of it: the test thread's cuBLAS and cuBLASLt handles and workspaces"),
+    ("cuda_state_autograd_worker", "… … of it: autograd's device thread (started by a backward where it had not run) and its cuBLAS state"),
+    ("cuda_state_ready_queues", "… … of it: growing autograd's ready queues (the device thread's and the caller's)"),
     ("prewarm_nvml_and_cupti", "… … beside it: NVML's and CUPTI's start-ups, on a thread of their own that it waits for (CUDA's start-up, which runs meanwhile, not taken out)"),
     ("prewarm_sources", "… of it: the sources (CPU allocator, trace tracker, CUPTI, hook)"),
     ("prewarm_canaries", "… of it: every layer's canary"),
@@ -199,6 +202,20 @@ def main():
     if children:
         child = max(children, key=lambda p: slowest[p[0]])
         below = f", the largest share of which {child[1].removeprefix('… of it: ')} ({ms(slowest[child[0]])} ms)"
+        # And that part's own largest, where it has parts timed on the
+        # test's thread (not the one beside it).
+        first = PARTS.index(child) + 1
+        grandchildren = []
+        for part in PARTS[first:]:
+            if not part[1].startswith("… … "):
+                break
+            if part[1].startswith(("… … of it", "… … of them")):
+                grandchildren.append(part)
+        grandchild = max(grandchildren, key=lambda p: slowest[p[0]], default=None)
+        # Lines from older builds lack the parts added since: all zero.
+        if grandchild and slowest[grandchild[0]] > 0:
+            name = grandchild[1].removeprefix("… … of it: ").removeprefix("… … of them: ")
+            below += f"; most of that {name} ({ms(slowest[grandchild[0]])} ms)"
     print(
         f"\nSlowest: `{slowest['test']}` on {slowest['device']} ({slowest['verdict']}): "
         f"{ms(own(slowest))} ms of its own, "

@@ -356,6 +356,23 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
     Ok(if available != 0 { CublasWorkspaces::Cleared } else { CublasWorkspaces::NotAvailable })
 }
 
+/// The parts of CUDA's one-time state past its start-up, each wall time on
+/// the test's thread ([`prewarm`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct CudaStateTimes {
+    /// The calling thread's cuBLAS and cuBLASLt handles and workspaces; where
+    /// libtorch lacks their getters, a matmul and its backward, which make
+    /// the worker's too.
+    pub cublas_here: Duration,
+    /// Autograd's device thread: started by a backward where it had not
+    /// run, and its own cuBLAS state.
+    pub autograd_worker: Duration,
+    /// Growing autograd's ready queues, the device thread's and the
+    /// caller's.
+    pub ready_queues: Duration,
+}
+
 /// Creates, outside any measurement, the state libtorch keeps for good after
 /// the first matmul and the first backward of a thread: cuBLAS and cuBLASLt
 /// handles and workspaces (32 MiB and more per handle) for the calling
@@ -365,9 +382,11 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
 /// backward also load their kernels, about 100 ms on an H200, which a body
 /// that never multiplies would not pay. Then the device thread's ready
 /// queue and the calling thread's own are grown (see
-/// [`grow_autograd_ready_queue`]).
-pub fn prewarm(index: usize) -> Result<()> {
+/// [`grow_autograd_ready_queue`]). Returns where the time went past CUDA's
+/// start-up, which is counted apart ([`startup_time`]).
+pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
     let device = check_device(index)?;
+    let mut times = CudaStateTimes::default();
     // The device's context comes with its first tensor: CUDA's start-up,
     // counted apart (once per device and process).
     static CONTEXTS: AtomicU64 = AtomicU64::new(0);
@@ -380,12 +399,18 @@ pub fn prewarm(index: usize) -> Result<()> {
         add_startup(started);
         CONTEXTS.fetch_or(bit, Ordering::Relaxed);
     }
-    let mut ready: c_int = 0;
-    // SAFETY: plain argument and out-parameter.
-    ffi::check("glt_cuda_ready_blas", unsafe { ffi::glt_cuda_ready_blas(device, &mut ready) })?;
+    let started = Instant::now();
+    let (mut ready, mut here_nanos): (c_int, u64) = (0, 0);
+    // SAFETY: plain argument and out-parameters.
+    ffi::check("glt_cuda_ready_blas", unsafe { ffi::glt_cuda_ready_blas(device, &mut ready, &mut here_nanos) })?;
     if ready == 0 {
         prewarm_through_a_matmul(index).map_err(|e| torch_error("a prewarming matmul", e))?;
+        times.cublas_here = started.elapsed();
+    } else {
+        times.cublas_here = Duration::from_nanos(here_nanos);
+        times.autograd_worker = started.elapsed().saturating_sub(times.cublas_here);
     }
+    let started = Instant::now();
     if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
         grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
         QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
@@ -399,7 +424,9 @@ pub fn prewarm(index: usize) -> Result<()> {
         grow_autograd_ready_queue(tch::Device::Cpu, CALLERS_QUEUE_TASKS)?;
         CALLERS_QUEUE_GROWN.set(true);
     }
-    synchronize(index)
+    times.ready_queues = started.elapsed();
+    synchronize(index)?;
+    Ok(times)
 }
 
 /// By device, the queues the prewarm grew: autograd's worker threads for

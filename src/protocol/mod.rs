@@ -190,7 +190,7 @@ fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
         });
         // Best effort: a failure here shows up again, with context, in
         // the test's own first CUDA call.
-        let _ = crate::probe::cuda::prewarm(index);
+        parts.cuda_state_by_part = crate::probe::cuda::prewarm(index).unwrap_or_default();
         // Joined before anything is counted: the thread and what it
         // allocated are gone by then.
         if let Ok(ahead) = ahead {

@@ -18,6 +18,7 @@ pub(crate) mod text;
 pub use crate::attribution::{AllocatedBy, Attribution, Site, Survivors};
 pub use crate::baseline::{BaselineOutcome, BaselineStatus, FigureChange, Figures};
 pub use crate::layer::Layer;
+pub use crate::probe::cuda::CudaStateTimes;
 pub use crate::probe::Frame;
 pub use crate::refs::{GraphRetention, Reference};
 pub use crate::verdict::{Leak, LeakRate, Phase, RetainedDuring};
@@ -235,6 +236,11 @@ pub struct PrewarmParts {
     /// ready queue, and the calling thread's own; NVML's start-up and
     /// CUPTI's subscription run beside them.
     pub cuda_state: Duration,
+    /// Of `cuda_state`, the parts on the test's side of it: where driver
+    /// calls wait on other processes (many starting CUDA at once), these
+    /// say which.
+    #[serde(default)]
+    pub cuda_state_by_part: CudaStateTimes,
     /// NVML's and CUPTI's start-ups, on a thread of their own while CUDA
     /// starts and the rest of `cuda_state` runs; `cuda_state` waits for
     /// them, so where they take longer, they are what it is.
