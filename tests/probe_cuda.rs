@@ -231,12 +231,15 @@ fn after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue
 /// 1 KiB) until a later backward of the thread looks in time: the sawtooth
 /// behind the suite's false leaks of host objects. The drain the harness
 /// runs before each sample frees them. The blocks are told by their stack
-/// (made in `Engine::execute` itself), not by the level: the worker frees
-/// the last backward's whole `GraphTask` (most likely the 3,248 B of host
-/// objects an H100 showed, libtorch 2.11) only when it next runs, which on
-/// one core can be after the drain, and no drain on this thread reaches
-/// that. With the worker and this thread on one core the worker often
-/// finishes first; how often is printed, since the scheduler decides.
+/// (made in `Engine::execute` itself), not by the level, which other
+/// blocks move too: the level-based test failed on an H100 with 3,248 B
+/// the drain left, where this one, on another H100, found no `GraphTask`
+/// among what outlived the last drain. One may still be alive after a
+/// drain: the worker lets go of the last backward's task when it next
+/// runs, which on one core can be after the drain, and no drain on this
+/// thread reaches that. With the worker and this thread on one core the
+/// worker often finishes first; how often is printed, since the scheduler
+/// decides.
 /// Rounds of 48 backwards stay within the 64 tasks the prewarm made room
 /// for in this thread's queue.
 #[test]
