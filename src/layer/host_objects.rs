@@ -90,12 +90,11 @@ impl Home for HostObjects {
 
     /// One: autograd's device worker lets go of a backward's `GraphTask`
     /// (its block about 1 KiB) just after the caller's `backward()` has
-    /// returned, and its wake-up, which keeps the
-    /// block, may reach this thread's queue just after [`Counting::settle`]
-    /// drained it. So at a sample the last one is still alive at times, and
-    /// now and then the one before (an H200 under `cudaMallocAsync` saw
-    /// iterations 9 and 10 of 10 alive). What piles up leaves survivors
-    /// further back.
+    /// returned, and its wake-up, which keeps the block, may reach this
+    /// thread's queue just after [`Counting::settle`] drained it. So at a
+    /// sample the last one is still alive at times, and now and then the
+    /// one before (an H200 under `cudaMallocAsync` saw iterations 9 and 10
+    /// of 10 alive). What piles up leaves survivors further back.
     fn iterations_a_free_may_lag(&self) -> u32 {
         1
     }
