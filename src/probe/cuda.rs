@@ -356,8 +356,9 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
     Ok(if available != 0 { CublasWorkspaces::Cleared } else { CublasWorkspaces::NotAvailable })
 }
 
-/// The parts of CUDA's one-time state past its start-up, each wall time on
-/// the test's thread ([`prewarm`]).
+/// [`PrewarmParts::cuda_state`](crate::report::PrewarmParts::cuda_state)
+/// part by part, past CUDA's start-up: each a wall time on the test's
+/// thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CudaStateTimes {
