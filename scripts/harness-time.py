@@ -50,6 +50,27 @@ def ms(seconds):
     return f"{seconds * 1e3:.1f}"
 
 
+def depth(part):
+    """How far down a part's label is: 0 for a total, 1 for "… of it", 2 for "… … of it"."""
+    label, levels = part[1], 0
+    while label.startswith("… "):
+        label, levels = label[2:], levels + 1
+    return levels
+
+
+def shares(parent):
+    """The parts one level below `parent` that are shares of it, not the
+    ones timed beside it on a thread of their own."""
+    found = []
+    for part in PARTS[PARTS.index(parent) + 1:]:
+        if depth(part) <= depth(parent):
+            break
+        label = part[1].lstrip("… ")
+        if depth(part) == depth(parent) + 1 and label.startswith(("of it", "of them")):
+            found.append(part)
+    return found
+
+
 def own(r):
     """The harness's own time of a timing line: its wall time less its
     body's, less waiting for other tests, less CUDA's own start-up."""
@@ -193,29 +214,17 @@ def main():
         values = [r[key] for r in rows]
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | |")
     slowest = max(rows, key=own)
-    top = max((p for p in PARTS if not p[1].startswith("…")), key=lambda p: slowest[p[0]])
-    # Its largest part one level down, if it has parts: which call waited.
-    start = PARTS.index(top) + 1
-    end = next((i for i in range(start, len(PARTS)) if not PARTS[i][1].startswith("…")), len(PARTS))
-    children = [p for p in PARTS[start:end] if p[1].startswith("… of it")]
-    below = ""
-    if children:
-        child = max(children, key=lambda p: slowest[p[0]])
-        below = f", the largest share of which {child[1].removeprefix('… of it: ')} ({ms(slowest[child[0]])} ms)"
-        # And that part's own largest, where it has parts timed on the
-        # test's thread (not the one beside it).
-        first = PARTS.index(child) + 1
-        grandchildren = []
-        for part in PARTS[first:]:
-            if not part[1].startswith("… … "):
-                break
-            if part[1].startswith(("… … of it", "… … of them")):
-                grandchildren.append(part)
-        grandchild = max(grandchildren, key=lambda p: slowest[p[0]], default=None)
-        # Lines from older builds lack the parts added since: all zero.
-        if grandchild and slowest[grandchild[0]] > 0:
-            name = grandchild[1].removeprefix("… … of it: ").removeprefix("… … of them: ")
-            below += f"; most of that {name} ({ms(slowest[grandchild[0]])} ms)"
+    top = max((p for p in PARTS if depth(p) == 0), key=lambda p: slowest[p[0]])
+    # Its largest share one level down, and that one's, while they have
+    # shares: which call waited. Lines from older builds lack the parts
+    # added since, all zero, and a share of nothing names nothing.
+    below, parent = "", top
+    for lead in (", the largest share of which", "; most of that"):
+        part = max(shares(parent), key=lambda p: slowest[p[0]], default=None)
+        if part is None or slowest[part[0]] <= 0:
+            break
+        below += f"{lead} {part[1].split(': ', 1)[1]} ({ms(slowest[part[0]])} ms)"
+        parent = part
     print(
         f"\nSlowest: `{slowest['test']}` on {slowest['device']} ({slowest['verdict']}): "
         f"{ms(own(slowest))} ms of its own, "
