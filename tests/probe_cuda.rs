@@ -239,9 +239,8 @@ fn after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue
 /// runs, which on one core can be after the drain, and no drain on this
 /// thread reaches that. With the worker and this thread on one core the
 /// worker often finishes first; how often is printed, since the scheduler
-/// decides.
-/// Rounds of 48 backwards stay within the 64 tasks the prewarm made room
-/// for in this thread's queue.
+/// decides. Rounds of 48 backwards stay within the 64 tasks the prewarm
+/// made room for in this thread's queue.
 #[test]
 fn the_drain_frees_the_graph_tasks_the_device_workers_wake_ups_kept() {
     use gpu_leak_test::report::Layer;
