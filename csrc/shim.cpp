@@ -704,6 +704,48 @@ char* glt_hook_pop() {
   });
 }
 
+namespace {
+// A profiler state that asks for memory profiling and hears nothing: what
+// glt_grow_cpu_size_table runs under. Not a RustHook, so no tracker counts
+// what this thread allocates meanwhile.
+struct SilentProfiling final : c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(void*, int64_t, size_t, size_t, c10::Device) override {}
+  bool memoryProfilingEnabled() const override { return true; }
+};
+}  // namespace
+
+// Grows libtorch's table of profiled CPU blocks to hold `blocks` at once.
+// A thread whose profiler state asks for memory profiling (the hook, in
+// thread scope) has each CPU block it allocates recorded in one
+// process-wide std::unordered_map (c10::ProfiledCPUMemoryReporter), whose
+// bucket array never shrinks. The insert that first finds it full pays for
+// a bigger one, on whichever hooked thread makes it, however many of the
+// blocks are other tests': a one-off of libtorch's host objects (541
+// buckets, 4,344 B, where 257 were before) that can land in a leak test's
+// measured window. Here, before anything is measured, `blocks` records of
+// addresses this function owns go in and out. No allocator call: only the
+// table's own nodes and buckets are allocated.
+char* glt_grow_cpu_size_table(int64_t blocks) {
+  return guarded([&] {
+    c10::DebugInfoGuard silent(c10::DebugInfoKind::PROFILER_STATE, std::make_shared<SilentProfiling>());
+    // A hook pushed beneath it counts nothing of this either.
+    struct Hidden {
+      RustHook* beneath = own_hook;
+      Hidden() { own_hook = nullptr; }
+      ~Hidden() { own_hook = beneath; }
+    } hidden;
+    // Addresses no other block can have while this lives.
+    std::vector<char> owned(static_cast<size_t>(blocks));
+    auto& table = c10::profiledCPUMemoryReporter();
+    for (char& address : owned) {
+      table.New(&address, 1);
+    }
+    for (char& address : owned) {
+      table.Delete(&address);
+    }
+  });
+}
+
 // ---- Process-wide sources ------------------------------------------------
 //
 // The per-thread hook sees only threads it was pushed on. These two sources

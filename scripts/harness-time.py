@@ -23,6 +23,7 @@ PARTS = [
     ("prewarm", "prewarm (settings, device, CUDA one-time state, sources, hook), less CUDA's start-up"),
     ("prewarm_settings", "… of it: settings and device, less CUDA's start-up"),
     ("prewarm_libtorch_check", "… of it: the loaded libtorch's version check"),
+    ("prewarm_cpu_size_table", "… of it: libtorch's table of profiled CPU blocks grown"),
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread, its ready queue and the caller's; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
     ("cuda_state_cublas_here", "… … of it: the test thread's cuBLAS and cuBLASLt handles and workspaces"),
     ("cuda_state_autograd_worker", "… … of it: autograd's device thread (started by a backward where it had not run) and its cuBLAS state"),

@@ -210,6 +210,63 @@ fn a_ready_queue_grown_beforehand_keeps_nothing_when_a_backward_fills_it() {
     assert_eq!(kept_on_a_thread_of_its_own(true), 0, "a queue grown to 64 tasks beforehand grew again");
 }
 
+/// The mechanism, on a thread of its own in a process of its own (no other
+/// hooked thread in it to fill the table meanwhile); the test below runs it.
+mod cpu_size_table {
+    use super::*;
+    use gpu_leak_test::internals::probe::hook;
+    use gpu_leak_test::report::Layer;
+
+    /// The host objects a hooked thread keeps after holding `blocks` CPU
+    /// blocks at once and freeing them all.
+    fn kept_by_holding(blocks: usize) -> i64 {
+        std::thread::spawn(move || {
+            let tracker = Tracker::new();
+            let _hook = tracker.enter().unwrap();
+            // The op's first call made.
+            drop(Tensor::empty([1], (Kind::Uint8, Device::Cpu)));
+            let before = tracker.layer_view(Layer::HostObjects).live_bytes;
+            let held: Vec<Tensor> = (0..blocks).map(|_| Tensor::empty([1], (Kind::Uint8, Device::Cpu))).collect();
+            drop(held);
+            tracker.layer_view(Layer::HostObjects).live_bytes - before
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    #[ignore = "run alone by a_cpu_size_table_grown_beforehand_keeps_nothing_when_blocks_fill_it"]
+    fn alone() {
+        // The process's first thread-scope leak test grows the table to 8,192
+        // blocks.
+        let report = common::located("cpu_size_table")
+            .device(common::device("cpu"))
+            .scope(common::scope("thread"))
+            .run(|_| drop(Tensor::ones([4], (Kind::Float, Device::Cpu))))
+            .unwrap();
+        assert!(report.passed(), "{report}");
+        assert_eq!(kept_by_holding(4_096), 0, "the table grew after a leak test's prewarm");
+        // 16,384 records need as many buckets (8 B each), and the last
+        // growth's array is the hooked thread's to keep.
+        let kept = kept_by_holding(16_384);
+        assert!(kept >= 16_384 * 8, "the table's growth is the mechanism this guards against: {kept} B kept");
+        hook::grow_cpu_size_table(65_536).unwrap();
+        assert_eq!(kept_by_holding(32_768), 0, "a table grown to 65,536 blocks beforehand grew again");
+    }
+}
+
+/// libtorch records each CPU block a hooked thread allocates in one table
+/// for the whole process, whose bucket array never shrinks: the insert
+/// that finds it full keeps a bigger one, on whichever hooked thread makes
+/// it, though other threads' blocks filled it (the host-objects "leak"
+/// that turned CI red once). Grown beforehand, as a leak test's prewarm
+/// grows it, it keeps nothing.
+#[test]
+fn a_cpu_size_table_grown_beforehand_keeps_nothing_when_blocks_fill_it() {
+    let output = common::run_this_binary(&["cpu_size_table::alone", "--exact", "--ignored"], false);
+    assert!(output.contains("test result: ok. 1 passed"), "{output}");
+}
+
 /// The drain a leak test runs before each sample on a CUDA runner (the
 /// host-objects layer's `settle`) is a backward of its own on the calling
 /// thread: it must run one (libtorch's host objects come and go), keep

@@ -222,6 +222,28 @@ impl Counted {
     }
 }
 
+/// How many CPU blocks libtorch's table of profiled ones holds once the
+/// process's first thread-scope leak test has grown it: a 64 KiB bucket
+/// array, 0.8 ms. Past that many alive at once on hooked threads, every
+/// test's together, it grows again, on whichever hooked thread inserts the
+/// next one.
+const CPU_SIZE_TABLE_BLOCKS: usize = 8192;
+
+/// Grows libtorch's table of profiled CPU blocks, once per process, before
+/// the first thread-scope leak test measures anything. In thread scope the
+/// hook turns memory profiling on, and libtorch records every CPU block of
+/// a hooked thread in one table for the whole process, whose bucket array
+/// never shrinks: grown where it is full, it lands in the host objects of
+/// the test whose insert found it full, though other tests' blocks filled
+/// it (see `probe::hook::grow_cpu_size_table`). Process scope turns nothing
+/// on. Best effort: a table not grown leaves the one-off where it was.
+pub(crate) fn grow_cpu_size_table_once() {
+    static GROWN: std::sync::Once = std::sync::Once::new();
+    GROWN.call_once(|| {
+        let _ = crate::probe::hook::grow_cpu_size_table(CPU_SIZE_TABLE_BLOCKS);
+    });
+}
+
 /// The C++ heap's count, switched off by a test.
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
 

@@ -73,6 +73,7 @@ extern "C" {
         tag: c_int,
     ) -> *mut c_char;
     pub(crate) fn glt_hook_pop() -> *mut c_char;
+    pub(crate) fn glt_grow_cpu_size_table(blocks: i64) -> *mut c_char;
     pub(crate) fn glt_host_objects_acquire_tag() -> c_int;
     pub(crate) fn glt_host_objects_release_tag(tag: c_int);
     pub(crate) fn glt_host_objects_of_tag(tag: c_int, bytes: *mut i64, allocations: *mut u64, frees: *mut u64);

@@ -749,6 +749,16 @@ impl Drop for HookGuard {
     }
 }
 
+/// Grows libtorch's process-wide table of the CPU blocks that hooked
+/// threads allocate (the hook turns memory profiling on, and with it the
+/// table) to hold `blocks` at once, outside any tracker: see
+/// `glt_grow_cpu_size_table` in the shim.
+pub fn grow_cpu_size_table(blocks: usize) -> Result<()> {
+    let blocks = i64::try_from(blocks).unwrap_or(i64::MAX);
+    // SAFETY: a plain integer in; the shim catches every C++ exception.
+    ffi::check("glt_grow_cpu_size_table", unsafe { ffi::glt_grow_cpu_size_table(blocks) })
+}
+
 /// Devices whose sources a test switched off (`layer::tensors::switch_off`), one bit per
 /// tracker slot: the CPU is bit 0, cuda:N bit N+1.
 static SWITCHED_OFF: AtomicU32 = AtomicU32::new(0);

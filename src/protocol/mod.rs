@@ -115,7 +115,7 @@ where
         assemble::report(exec, &judge, Findings::default(), started)
     };
     let unwired = || Probes::wire(device, scope, Tracker::new(), None, Default::default());
-    if let Err(message) = prewarm(device, &mut parts) {
+    if let Err(message) = prewarm(device, scope, &mut parts) {
         return stop_in_setup(unwired(), message);
     }
     let part = Instant::now();
@@ -168,14 +168,20 @@ where
     assemble::report(exec, &judge, findings, started)
 }
 
-/// Checks the libtorch loaded, then readies CUDA's one-time state outside
-/// the measurement, timing each. `Err` is a libtorch other than the one
-/// the shim was built against: checked before anything calls into
-/// libtorch's classes, which it would read wrongly, or crash in.
-fn prewarm(device: Device, parts: &mut PrewarmParts) -> Result<(), String> {
+/// Checks the libtorch loaded, then readies libtorch's one-time state
+/// outside the measurement, timing each: in thread scope its table of
+/// profiled CPU blocks, on CUDA the device's. `Err` is a libtorch other
+/// than the one the shim was built against: checked before anything calls
+/// into libtorch's classes, which it would read wrongly, or crash in.
+fn prewarm(device: Device, scope: ResolvedScope, parts: &mut PrewarmParts) -> Result<(), String> {
     let part = Instant::now();
     crate::probe::libtorch::check_loaded()?;
     parts.libtorch_check = part.elapsed();
+    let part = Instant::now();
+    if !scope.is_process() {
+        crate::layer::host_objects::grow_cpu_size_table_once();
+    }
+    parts.cpu_size_table = part.elapsed();
     let part = Instant::now();
     if let Device::Cuda(index) = device {
         // NVML's and CUPTI's start-ups, which the first reading of the

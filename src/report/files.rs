@@ -141,6 +141,7 @@ pub(crate) fn append_timing(file: &Path, report: &Report, report_writing: std::t
         "cuda_startup": time.cuda_startup.as_secs_f64(),
         "prewarm_settings": time.prewarm_parts.settings.as_secs_f64(),
         "prewarm_libtorch_check": time.prewarm_parts.libtorch_check.as_secs_f64(),
+        "prewarm_cpu_size_table": time.prewarm_parts.cpu_size_table.as_secs_f64(),
         "prewarm_cuda_state": time.prewarm_parts.cuda_state.as_secs_f64(),
         "cuda_state_cublas_here": time.prewarm_parts.cuda_state_by_part.cublas_here.as_secs_f64(),
         "cuda_state_autograd_worker": time.prewarm_parts.cuda_state_by_part.autograd_worker.as_secs_f64(),

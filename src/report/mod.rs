@@ -231,6 +231,10 @@ pub struct PrewarmParts {
     /// Checking that the libtorch loaded is the one built against (once
     /// per process).
     pub libtorch_check: Duration,
+    /// Growing libtorch's table of the CPU blocks hooked threads allocate
+    /// (once per process, in thread scope): see the host-objects layer.
+    #[serde(default)]
+    pub cpu_size_table: Duration,
     /// CUDA's one-time state outside the measurement: the device's context,
     /// cuBLAS handles and workspace, autograd's device thread and its
     /// ready queue, and the calling thread's own; NVML's start-up and
