@@ -67,9 +67,10 @@ def read_rows(report_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def newest_rows(report_dir):
-    """The newest row of each report in index.rows (later lines win)."""
-    return {row["stem"]: row for row in read_rows(report_dir)}
+def newest_rows(written):
+    """The newest row of each report among rows in the order written
+    (later lines win)."""
+    return {row["stem"]: row for row in written}
 
 
 def check_index(index, rows, failures):
@@ -81,13 +82,14 @@ def check_index(index, rows, failures):
 
 def check_runs(index_dom, report_dir):
     failures = []
-    rows = newest_rows(report_dir)
+    written = read_rows(report_dir)
+    rows = newest_rows(written)
     index = parse(index_dom)
     check_index(index, rows, failures)
     # The page's rule: the run of the last row written is current. Not the
     # largest `written_at`: it counts whole seconds, and two quick runs
     # share one.
-    latest = read_rows(report_dir)[-1]["run"]
+    latest = written[-1]["run"]
     current = sum(r["run"] == latest for r in rows.values())
     stale = len(rows) - current
     if not (0 < current < len(rows)) or index.current != current:
@@ -105,7 +107,7 @@ def main():
         check_runs(*sys.argv[2:4])
     index_dom, page_dom, report_dir = sys.argv[1:4]
     failures = []
-    rows = newest_rows(report_dir)
+    rows = newest_rows(read_rows(report_dir))
     index, page = parse(index_dom), parse(page_dom)
     check_index(index, rows, failures)
     for link in index.links + page.links:
