@@ -18,7 +18,9 @@
 //!    what counting libtorch's host objects adds to an operator new and
 //!    delete pair, freed on the same thread or on another.
 //! 2. The cost of one stack capture, caching unwinder against libgcc's, and
-//!    of writing a report into a folder of 10 or 10,000 earlier ones.
+//!    of writing a report into a folder of 10 or 10,000 earlier ones; and
+//!    (`queues`) what growing autograd's ready queues costs in a fresh
+//!    process, on a first call and on later ones, for few tasks and many.
 //! 3. Sensitivity: the smallest per-iteration leak flagged, from a sweep
 //!    starting at one element.
 //! 4. False alarms over 1,000 runs of a varied clean scenario, and over
@@ -1209,6 +1211,77 @@ fn long_windows(full: bool) {
     println!();
 }
 
+/// One case of `ready_queue_costs`, in a process of its own as under
+/// nextest: CUDA's start-up where a call needs a device, then each call in
+/// turn ("prewarm": CUDA's whole one-time state, printed part by part;
+/// "cuda:N" or "cpu:N": growing that device's autograd ready queue to hold
+/// N tasks). Prints one "label milliseconds" pair per line.
+fn ready_queue_case(calls: &[String]) {
+    if calls.iter().any(|call| !call.starts_with("cpu:")) {
+        drop(Tensor::zeros([1], (Kind::Float, Device::Cuda(0))));
+        cuda::synchronize(0).unwrap();
+    }
+    for (at, call) in calls.iter().enumerate() {
+        let started = Instant::now();
+        if call == "prewarm" {
+            let parts = cuda::prewarm(0).unwrap();
+            for (part, time) in
+                [("cublas_here", parts.cublas_here), ("autograd_worker", parts.autograd_worker), ("ready_queues", parts.ready_queues)]
+            {
+                println!("{at}.{part} {:.3}", time.as_secs_f64() * 1e3);
+            }
+            continue;
+        }
+        let (device, tasks) = call.split_once(':').unwrap_or_else(|| panic!("a call is prewarm, cuda:N or cpu:N, not {call:?}"));
+        let device = if device == "cpu" { Device::Cpu } else { Device::Cuda(0) };
+        cuda::grow_autograd_ready_queue(device, tasks.parse().unwrap()).unwrap();
+        if device != Device::Cpu {
+            cuda::synchronize(0).unwrap();
+        }
+        println!("{at}.{call} {:.3}", started.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+/// What growing autograd's ready queues costs, and of what: a first call in
+/// a process (the engine's and the operators' first use on the device)
+/// against later ones, and few tasks against many. Each case runs in
+/// fresh processes, as a test does under nextest.
+fn ready_queue_costs(full: bool, has_cuda: bool) {
+    println!("### Growing autograd's ready queues: each call in order, a fresh process per run\n");
+    let mut cases: Vec<&[&str]> = vec![&["cpu:64", "cpu:64", "cpu:256", "cpu:256", "cpu:16"]];
+    if has_cuda {
+        cases.push(&["prewarm", "cuda:256", "cuda:64", "cuda:16", "cuda:1", "cpu:64"]);
+        cases.push(&["cuda:1", "cuda:1", "cuda:16", "cuda:256", "cuda:256", "cuda:64"]);
+        cases.push(&["cuda:256", "cuda:256", "cuda:1"]);
+    }
+    let runs = if full { 7 } else { 1 };
+    println!("| case | call | median ms | min | max |\n| --- | --- | --- | --- | --- |");
+    for (number, case) in cases.iter().enumerate() {
+        let mut times: Vec<(String, Vec<f64>)> = Vec::new();
+        for _ in 0..runs {
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .arg("--ready-queue-case")
+                .args(*case)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "the case {case:?} failed");
+            for (at, line) in String::from_utf8_lossy(&output.stdout).lines().enumerate() {
+                let (label, ms) = line.split_once(' ').unwrap_or_else(|| panic!("the case {case:?} printed {line:?}"));
+                if times.len() <= at {
+                    times.push((label.to_string(), Vec::new()));
+                }
+                times[at].1.push(ms.parse().unwrap());
+            }
+        }
+        for (label, mut ms) in times {
+            ms.sort_by(f64::total_cmp);
+            println!("| {} | {label} | {:.3} | {:.3} | {:.3} |", number + 1, ms[ms.len() / 2], ms[0], ms[ms.len() - 1]);
+        }
+    }
+    println!();
+}
+
 /// Writing one report's files (JSON, page, index row) into a folder that
 /// already holds 10 reports, and into one that holds many: the index must
 /// cost the same. 200 writes each (20 tests, 10 runs), compactions included.
@@ -1240,7 +1313,8 @@ fn index_cost(scale: &Scale) {
 
 /// The sections, in the order they print; `overhead --bench heavy step`
 /// runs only the ones named.
-const SECTIONS: &[&str] = &["step", "heavy", "events", "host-objects", "capture", "index", "sensitivity", "false-alarms", "shapes", "long"];
+const SECTIONS: &[&str] =
+    &["step", "heavy", "events", "host-objects", "capture", "index", "queues", "sensitivity", "false-alarms", "shapes", "long"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -1251,6 +1325,10 @@ fn main() {
             println!("{micros} {ran}");
             return;
         }
+    }
+    if args.first().is_some_and(|a| a == "--ready-queue-case") {
+        ready_queue_case(&args[1..]);
+        return;
     }
     if let Some(at) = args.iter().position(|a| a == "--pool-rounds") {
         pool_rounds(&args[at + 1..]);
@@ -1342,6 +1420,9 @@ fn main() {
     }
     if wanted("index") {
         index_cost(scale);
+    }
+    if wanted("queues") {
+        ready_queue_costs(full, has_cuda);
     }
     if wanted("sensitivity") {
         println!("### Smallest leak flagged (threshold 0, sweep from one element, doubling)\n");

@@ -18,6 +18,8 @@
 #           with the seconds since the run began as it came)
 #   step    overhead --bench step, every variant, ROUNDS rounds (25)
 #   heavy   overhead --bench heavy, likewise
+#   queues  overhead --bench queues: growing autograd's ready queues, a
+#           first call in a fresh process against later ones, by tasks
 #   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
 #   count   the counting target on the allocation-heavy CUDA step
 #           (--target-only, blocks of 2 steps, rounds of 1 s) until UNTIL
@@ -187,7 +189,7 @@ until_cut_off() {
 
 for part in "$@"; do
     case $part in
-        suite | step | heavy | anchor | count | attribution | attribution-cuda) ;;
+        suite | step | heavy | queues | anchor | count | attribution | attribution-cuda) ;;
         count:* | attribution:* | attribution-cuda:*)
             if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
                 echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
@@ -195,7 +197,7 @@ for part in "$@"; do
             fi
             ;;
         *)
-            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy anchor count attribution attribution-cuda)" >&2
+            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy queues anchor count attribution attribution-cuda)" >&2
             exit 2
             ;;
     esac
@@ -214,7 +216,7 @@ for part in "$@"; do
     fi
     case $part in
         suite) suite ;;
-        step | heavy) bench "$part" ;;
+        step | heavy | queues) bench "$part" ;;
         anchor)
             PYTHONUNBUFFERED=1 timeout "$(left)" python3 "$dir/pytorch_step.py" >"$logs/anchor.md" 2>&1
             echo "## PyTorch's anchor: exit $?"
