@@ -1218,6 +1218,8 @@ fn long_windows(full: bool) {
 /// N tasks). Prints one "label milliseconds" pair per line.
 fn ready_queue_case(calls: &[String]) {
     if calls.iter().any(|call| !call.starts_with("cpu:")) {
+        // Loads libtorch's CUDA library, which tch alone does not.
+        assert!(cuda::is_available(), "a CUDA call in a case, and no CUDA device");
         drop(Tensor::zeros([1], (Kind::Float, Device::Cuda(0))));
         cuda::synchronize(0).unwrap();
     }
