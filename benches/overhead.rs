@@ -1227,9 +1227,14 @@ fn ready_queue_case(calls: &[String]) {
         let started = Instant::now();
         if call == "prewarm" {
             let parts = cuda::prewarm(0).unwrap();
-            for (part, time) in
-                [("cublas_here", parts.cublas_here), ("autograd_worker", parts.autograd_worker), ("ready_queues", parts.ready_queues)]
-            {
+            for (part, time) in [
+                ("cublas_here", parts.cublas_here),
+                ("callers_queue", parts.callers_queue),
+                ("waiting_beside", parts.waiting_beside),
+                ("beside.autograd_worker", parts.autograd_worker),
+                ("beside.device_queue", parts.device_queue),
+                ("all", started.elapsed()),
+            ] {
                 println!("{at}.{part} {:.3}", time.as_secs_f64() * 1e3);
             }
             continue;

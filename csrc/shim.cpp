@@ -349,29 +349,28 @@ char* glt_cuda_clear_cublas_workspaces(int* available) {
   });
 }
 
-// libtorch's cuBLAS state for `device`, made before a test measures, where
-// its first matmul would: on the calling thread, then on autograd's worker
-// thread for the device (started here if it was not), which runs the
-// backward's matmuls. The worker is reached by a backward through a view,
-// which runs no kernel, with a hook on the view's gradient. *ready is 0
-// where libtorch lacks one of the functions, or CUDA's runtime its
-// cudaSetDevice: the caller then prewarms through a matmul and its
-// backward. *here_nanos is the calling thread's own part; the rest is the
-// worker's (its start where it had not run, its own cuBLAS state): where
-// many processes start CUDA at once, the two wait on the driver apart.
-char* glt_cuda_ready_blas(int32_t device, int* ready, uint64_t* here_nanos) {
+// libtorch's cuBLAS state for `device` on the calling thread, made before a
+// test measures, where its first matmul would. *ready is 0 where libtorch
+// lacks one of the functions, or CUDA's runtime its cudaSetDevice: the
+// caller then prewarms through a matmul and its backward.
+char* glt_cuda_ready_blas_here(int32_t device, int* ready) {
+  return guarded([&] {
+    c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    *ready = ready_blas_on_this_thread(device) ? 1 : 0;
+  });
+}
+
+// The same on autograd's worker thread for `device` (started here if it was
+// not), which runs the backward's matmuls. The worker is reached by a
+// backward through a view, which runs no kernel, with a hook on the view's
+// gradient. The caller runs this on a thread beside the test's own: where
+// many processes start CUDA at once, the two threads wait on the driver at
+// the same time rather than one after the other.
+char* glt_cuda_ready_blas_on_worker(int32_t device, int* ready) {
   return guarded([&] {
     *ready = 0;
-    *here_nanos = 0;
     c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
     c10::DeviceGuard guard(on);
-    auto here_started = std::chrono::steady_clock::now();
-    bool here_ready = ready_blas_on_this_thread(device);
-    *here_nanos = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - here_started).count());
-    if (!here_ready) {
-      return;
-    }
     at::AutoGradMode grad_mode(true);
     auto options = at::TensorOptions().dtype(at::kFloat).device(on);
     at::Tensor leaf = at::empty({1}, options).requires_grad_(true);

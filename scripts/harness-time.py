@@ -15,9 +15,9 @@ import re
 import statistics
 import sys
 
-# Timed on a thread of its own, beside CUDA's start-up and the rest of the
-# one-time state: not a share of the harness's own time, nor its largest part.
-BESIDE = "prewarm_nvml_and_cupti"
+# Timed on a thread of their own, beside the test thread's parts: not
+# shares of the harness's own time, nor its largest part.
+BESIDE = {"prewarm_nvml_and_cupti", "cuda_state_autograd_worker", "cuda_state_device_queue"}
 
 PARTS = [
     ("prewarm", "prewarm (settings, device, CUDA one-time state, sources, hook), less CUDA's start-up"),
@@ -26,8 +26,10 @@ PARTS = [
     ("prewarm_cpu_size_table", "… of it: libtorch's table of profiled CPU blocks grown"),
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread, its ready queue and the caller's; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
     ("cuda_state_cublas_here", "… … of it: the test thread's cuBLAS and cuBLASLt handles and workspaces"),
-    ("cuda_state_autograd_worker", "… … of it: autograd's device thread (started by a backward where it had not run) and its cuBLAS state"),
-    ("cuda_state_ready_queues", "… … of it: growing autograd's ready queues (the device thread's and the caller's)"),
+    ("cuda_state_callers_queue", "… … of it: growing the test thread's own autograd ready queue"),
+    ("cuda_state_waiting_beside", "… … of it: waiting for the thread beside, past the two above"),
+    ("cuda_state_autograd_worker", "… … beside it: autograd's device thread (started by a backward where it had not run) and its cuBLAS state"),
+    ("cuda_state_device_queue", "… … beside it, after that: growing the device thread's ready queue"),
     ("prewarm_nvml_and_cupti", "… … beside it: NVML's and CUPTI's start-ups, on a thread of their own that it waits for (CUDA's start-up, which runs meanwhile, not taken out)"),
     ("prewarm_sources", "… of it: the sources (CPU allocator, trace tracker, CUPTI, hook)"),
     ("prewarm_canaries", "… of it: every layer's canary"),
@@ -206,7 +208,7 @@ def main():
     # The prewarm's parts are shares of it, not of the total on top.
     for key, name in PARTS:
         values = [r[key] for r in rows]
-        share = "beside, not a share" if key == BESIDE else f"{sum(values) / total_own:.0%}"
+        share = "beside, not a share" if key in BESIDE else f"{sum(values) / total_own:.0%}"
         print(f"| {name} | {ms(statistics.median(values))} | {ms(max(values))} | {share} |")
     print(f"| **the harness's own, all parts** | **{ms(statistics.median(owns))}** | **{ms(max(owns))}** | 100% |")
     for key, name in [("cuda_startup", "(CUDA's start-up, where the test paid it)"), ("body", "(the body, for scale)"),

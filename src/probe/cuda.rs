@@ -357,21 +357,30 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
 }
 
 /// [`PrewarmParts::cuda_state`](crate::report::PrewarmParts::cuda_state)
-/// part by part, past CUDA's start-up: each a wall time on the test's
-/// thread.
+/// part by part, past CUDA's start-up. The first three are the test
+/// thread's wall time, one after the other; the last two ran meanwhile on
+/// a thread beside it, and are not shares of that time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CudaStateTimes {
-    /// The calling thread's cuBLAS and cuBLASLt handles and workspaces; where
+    /// The test thread's cuBLAS and cuBLASLt handles and workspaces; where
     /// libtorch lacks their getters, a matmul and its backward, which make
-    /// the worker's too.
+    /// the device thread's too.
     pub cublas_here: Duration,
-    /// Autograd's device thread: started by a backward where it had not
-    /// run, and its own cuBLAS state.
+    /// Growing the test thread's own autograd ready queue (once per thread).
+    #[serde(default)]
+    pub callers_queue: Duration,
+    /// Waiting for the thread beside, past the test thread's own parts:
+    /// what of the next two the overlap did not hide.
+    #[serde(default)]
+    pub waiting_beside: Duration,
+    /// Beside: autograd's device thread, started by a backward where it had
+    /// not run, and its own cuBLAS state.
     pub autograd_worker: Duration,
-    /// Growing autograd's ready queues, the device thread's and the
-    /// caller's.
-    pub ready_queues: Duration,
+    /// Beside, after it: growing the device thread's ready queue (once per
+    /// device and process).
+    #[serde(default)]
+    pub device_queue: Duration,
 }
 
 /// Creates, outside any measurement, the state libtorch keeps for good after
@@ -383,8 +392,11 @@ pub struct CudaStateTimes {
 /// backward also load their kernels, about 100 ms on an H200, which a body
 /// that never multiplies would not pay. Then the device thread's ready
 /// queue and the calling thread's own are grown (see
-/// [`grow_autograd_ready_queue`]). Returns where the time went past CUDA's
-/// start-up, which is counted apart ([`startup_time`]).
+/// [`grow_autograd_ready_queue`]). The device thread's part runs from a
+/// thread beside the calling one, so the two threads' parts overlap: both
+/// wait on the driver where other processes start CUDA meanwhile. Returns
+/// where the time went past CUDA's start-up, which is counted apart
+/// ([`startup_time`]).
 pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
     let device = check_device(index)?;
     let mut times = CudaStateTimes::default();
@@ -400,32 +412,63 @@ pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
         add_startup(started);
         CONTEXTS.fetch_or(bit, Ordering::Relaxed);
     }
-    let started = Instant::now();
-    let (mut ready, mut here_nanos): (c_int, u64) = (0, 0);
-    // SAFETY: plain argument and out-parameters.
-    ffi::check("glt_cuda_ready_blas", unsafe { ffi::glt_cuda_ready_blas(device, &mut ready, &mut here_nanos) })?;
-    if ready == 0 {
-        prewarm_through_a_matmul(index).map_err(|e| torch_error("a prewarming matmul", e))?;
+    let (ready_here, ready_there) = std::thread::scope(|scope| -> Result<(bool, bool)> {
+        let beside = std::thread::Builder::new()
+            .name("gpu-leak-test-prewarm".into())
+            .spawn_scoped(scope, || -> Result<(bool, Duration, Duration)> {
+                // What this thread allocates is the harness's, and gone
+                // once it is joined.
+                let _harness = crate::layer::rust_heap::harness();
+                let started = Instant::now();
+                let mut ready: c_int = 0;
+                // SAFETY: plain argument and out-parameter.
+                ffi::check("glt_cuda_ready_blas_on_worker", unsafe { ffi::glt_cuda_ready_blas_on_worker(device, &mut ready) })?;
+                let worker = started.elapsed();
+                if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
+                    grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
+                    QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
+                }
+                Ok((ready != 0, worker, started.elapsed() - worker))
+            });
+        let started = Instant::now();
+        let mut ready: c_int = 0;
+        // SAFETY: plain argument and out-parameter.
+        let here = ffi::check("glt_cuda_ready_blas_here", unsafe { ffi::glt_cuda_ready_blas_here(device, &mut ready) });
         times.cublas_here = started.elapsed();
-    } else {
-        times.cublas_here = Duration::from_nanos(here_nanos);
-        times.autograd_worker = started.elapsed().saturating_sub(times.cublas_here);
+        let started = Instant::now();
+        // The calling thread's own queue holds the device worker's wake-ups
+        // for this thread's backwards (see `drain_autograd_ready_queue`).
+        thread_local! {
+            static CALLERS_QUEUE_GROWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        let callers_queue = if CALLERS_QUEUE_GROWN.get() {
+            Ok(())
+        } else {
+            grow_autograd_ready_queue(tch::Device::Cpu, CALLERS_QUEUE_TASKS).inspect(|()| CALLERS_QUEUE_GROWN.set(true))
+        };
+        times.callers_queue = started.elapsed();
+        let started = Instant::now();
+        // Joined before either result is looked at: the thread and what it
+        // allocated are gone before anything is counted.
+        let there = match beside {
+            Ok(beside) => beside.join().unwrap_or_else(|_| Err(Error::Libtorch {
+                call: "the prewarm's thread beside the test's",
+                message: "it panicked".into(),
+            })),
+            Err(e) => Err(Error::Libtorch { call: "the prewarm's thread beside the test's", message: e.to_string() }),
+        };
+        times.waiting_beside = started.elapsed();
+        here?;
+        callers_queue?;
+        let (ready_there, worker, device_queue) = there?;
+        (times.autograd_worker, times.device_queue) = (worker, device_queue);
+        Ok((ready != 0, ready_there))
+    })?;
+    if !(ready_here && ready_there) {
+        let started = Instant::now();
+        prewarm_through_a_matmul(index).map_err(|e| torch_error("a prewarming matmul", e))?;
+        times.cublas_here += started.elapsed();
     }
-    let started = Instant::now();
-    if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
-        grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
-        QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
-    }
-    // The calling thread's own queue holds the device worker's wake-ups
-    // for this thread's backwards (see `drain_autograd_ready_queue`).
-    thread_local! {
-        static CALLERS_QUEUE_GROWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    if !CALLERS_QUEUE_GROWN.get() {
-        grow_autograd_ready_queue(tch::Device::Cpu, CALLERS_QUEUE_TASKS)?;
-        CALLERS_QUEUE_GROWN.set(true);
-    }
-    times.ready_queues = started.elapsed();
     synchronize(index)?;
     Ok(times)
 }

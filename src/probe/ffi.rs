@@ -47,7 +47,8 @@ extern "C" {
     ) -> *mut c_char;
     #[cfg(feature = "internals")]
     pub(crate) fn glt_cuda_clear_cublas_workspaces(available: *mut c_int) -> *mut c_char;
-    pub(crate) fn glt_cuda_ready_blas(device: i32, ready: *mut c_int, here_nanos: *mut u64) -> *mut c_char;
+    pub(crate) fn glt_cuda_ready_blas_here(device: i32, ready: *mut c_int) -> *mut c_char;
+    pub(crate) fn glt_cuda_ready_blas_on_worker(device: i32, ready: *mut c_int) -> *mut c_char;
     pub(crate) fn glt_grow_autograd_ready_queue(device: i32, tasks: i32) -> *mut c_char;
     pub(crate) fn glt_drain_autograd_ready_queue() -> *mut c_char;
     pub(crate) fn glt_cuda_allocator_backend(name: *mut *mut c_char) -> *mut c_char;
