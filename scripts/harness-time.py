@@ -40,7 +40,7 @@ PARTS = [
     ("sampling", "synchronisation and sampling"),
     ("sampling_settle", "… of it: settling the layers (a CUDA test's autograd wake-ups drained)"),
     ("sampling_synchronize", "… of it: synchronising the device"),
-    ("sampling_driver", "… of it: the driver's free memory (cudaMemGetInfo)"),
+    ("sampling_driver", "… of it: the driver's views before and after the window (cudaMemGetInfo, NVML)"),
     ("sampling_host_heap", "… of it: the host heap in use (glibc's count)"),
     ("attribution", "attribution (failing tests only)"),
     ("attribution_naming", "… of it: grouping the survivors by site and naming their frames"),

@@ -37,13 +37,13 @@ pub struct Snapshot {
     /// Exact: what the tracker's threads allocated and have not freed.
     pub hook: HookView,
     pub allocator: Option<AllocatorStats>,
+    /// The driver's free and total memory, every process's use in it: read
+    /// only before and after the window ([`Snapshot::with_driver_views`]).
     pub driver: Option<DriverMemory>,
     /// The host heap in use (whole process), where the C library says.
     pub host_heap: Option<u64>,
     /// The device memory this process holds, as the driver counts it per
-    /// process (NVML); read only before and after the window
-    /// ([`Snapshot::with_process_memory`]), since asking costs more than a
-    /// sample should.
+    /// process (NVML); read only before and after the window, with `driver`.
     pub process: Option<u64>,
 }
 
@@ -53,8 +53,6 @@ pub struct Snapshot {
 pub(crate) struct SnapshotTimes {
     /// Synchronising the device.
     pub(crate) synchronize: Duration,
-    /// The driver's free and total memory (`cudaMemGetInfo`).
-    pub(crate) driver: Duration,
     /// glibc's count of the host heap in use.
     pub(crate) host_heap: Duration,
 }
@@ -64,32 +62,28 @@ impl Snapshot {
     /// and reads every view. CUDA views that fail to read are left out.
     #[cfg(feature = "internals")]
     pub fn take(device: Device, tracker: &Tracker) -> Snapshot {
-        Snapshot::take_timed(device, tracker, true, &mut SnapshotTimes::default())
+        Snapshot::take_timed(device, tracker, true, &mut SnapshotTimes::default()).with_driver_views()
     }
 
-    /// [`Snapshot::take`], reading the host heap only where `host_heap`
-    /// says (glibc's count walks every free chunk, so its cost grows with
-    /// the heap, and a long window reads it only every so many iterations),
-    /// and adding the time of each call that can wait on something outside
-    /// the process to `times`.
+    /// A sample's views: [`Snapshot::take`] without the driver's, and
+    /// reading the host heap only where `host_heap` says (glibc's count
+    /// walks every free chunk, so its cost grows with the heap, and a long
+    /// window reads it only every so many iterations). The time of each call
+    /// that can wait on something outside the process is added to `times`.
     pub(crate) fn take_timed(device: Device, tracker: &Tracker, host_heap: bool, times: &mut SnapshotTimes) -> Snapshot {
-        let (allocator, driver) = match device {
+        let allocator = match device {
             Device::Cuda(index) => {
                 let started = Instant::now();
                 let _ = cuda::synchronize(index);
                 times.synchronize += started.elapsed();
-                let allocator = cuda::allocator_stats(index).ok();
-                let started = Instant::now();
-                let driver = cuda::driver_memory(index).ok();
-                times.driver += started.elapsed();
-                (allocator, driver)
+                cuda::allocator_stats(index).ok()
             }
-            _ => (None, None),
+            _ => None,
         };
         let started = Instant::now();
         let host_heap = if host_heap { host::heap_in_use() } else { None };
         times.host_heap += started.elapsed();
-        Snapshot { device, hook: tracker.view(device), allocator, driver, host_heap, process: None }
+        Snapshot { device, hook: tracker.view(device), allocator, driver: None, host_heap, process: None }
     }
 
     /// A snapshot of nothing, for scripted samples.
@@ -98,9 +92,15 @@ impl Snapshot {
         Snapshot { device: Device::Cpu, hook: HookView::default(), allocator: None, driver: None, host_heap: None, process: None }
     }
 
-    /// The same, with the driver's per-process figure where NVML gives one.
-    pub fn with_process_memory(mut self) -> Snapshot {
+    /// The same, with the driver's views: its free and total memory, and
+    /// its per-process figure where NVML gives one. Both take in every
+    /// process's use, so they are context, read before and after the window
+    /// and never per sample: each is a call into the kernel driver, which
+    /// waits behind any other process starting CUDA (up to 132 ms a test on
+    /// an H200 under nextest).
+    pub fn with_driver_views(mut self) -> Snapshot {
         if let Device::Cuda(index) = self.device {
+            self.driver = cuda::driver_memory(index).ok();
             self.process = cuda::process_memory(index).ok();
         }
         self

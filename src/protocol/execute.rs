@@ -134,10 +134,14 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Every view of the body's device now, timed as sampling.
+    /// Every view of the body's device now, the driver's too, timed as
+    /// sampling; the driver's part is timed apart as well.
     pub(super) fn snapshot_now(&mut self) -> Snapshot {
         let started = Instant::now();
-        let snapshot = self.probes.snapshot(true).with_process_memory();
+        let snapshot = self.probes.snapshot(true);
+        let asked_driver = Instant::now();
+        let snapshot = snapshot.with_driver_views();
+        self.time.sampling_parts.driver += asked_driver.elapsed();
         self.time.sampling += started.elapsed();
         snapshot
     }

@@ -102,7 +102,6 @@ impl Probes {
         let mut times = SnapshotTimes::default();
         let snapshot = self.snapshot_timed(host_heap, &mut times);
         parts.synchronize += times.synchronize;
-        parts.driver += times.driver;
         parts.host_heap += times.host_heap;
         let levels = self.levels_now();
         let peaks = self

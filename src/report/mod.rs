@@ -69,8 +69,6 @@ pub struct Sample {
     pub allocated_bytes: Option<u64>,
     /// The caching allocator's reserved bytes on the body's device.
     pub reserved_bytes: Option<u64>,
-    /// The driver's used bytes on the body's device (all processes).
-    pub driver_used_bytes: Option<u64>,
     /// The host heap in use, whole process (glibc's `mallinfo2`); read
     /// after every iteration of a window up to 128 iterations, and after
     /// every n/128-th of a longer one.
@@ -86,7 +84,6 @@ impl Sample {
             live_bytes: snapshot.hook.live_bytes,
             allocated_bytes: snapshot.allocator.map(|a| a.allocated_bytes.current),
             reserved_bytes: snapshot.allocator.map(|a| a.reserved_bytes.current),
-            driver_used_bytes: snapshot.driver.map(|d| d.used_bytes()),
             host_heap_bytes: snapshot.host_heap,
         }
     }
@@ -273,7 +270,9 @@ pub struct SamplingParts {
     pub settle: Duration,
     /// Synchronising the device.
     pub synchronize: Duration,
-    /// Asking the driver for the device's free memory.
+    /// Asking the driver for its views before and after the window: the
+    /// device's free memory and this process's share (`cudaMemGetInfo`,
+    /// NVML).
     pub driver: Duration,
     /// glibc's count of the host heap in use, where read.
     pub host_heap: Duration,

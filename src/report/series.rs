@@ -53,14 +53,14 @@ pub(crate) fn thin(report: &mut Report) {
     for d in &report.devices {
         let _ = write!(csv, ",{}", d.layer.name());
     }
-    csv.push_str(",allocator_allocated,allocator_reserved,driver_used,host_heap\n");
+    csv.push_str(",allocator_allocated,allocator_reserved,host_heap\n");
     let cell = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
     for (i, s) in report.samples.iter().enumerate() {
         let _ = write!(csv, "{i},{},{}", s.phase, s.iteration);
         for d in &report.devices {
             let _ = write!(csv, ",{}", d.levels.get(i).map(|l| l.to_string()).unwrap_or_default());
         }
-        let _ = writeln!(csv, ",{},{},{},{}", cell(s.allocated_bytes), cell(s.reserved_bytes), cell(s.driver_used_bytes), cell(s.host_heap_bytes));
+        let _ = writeln!(csv, ",{},{},{}", cell(s.allocated_bytes), cell(s.reserved_bytes), cell(s.host_heap_bytes));
     }
     let keep = kept(report);
     report.samples = keep.iter().map(|&i| report.samples[i]).collect();

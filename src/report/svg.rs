@@ -3,8 +3,9 @@
 //! live bytes, with the allocator's allocated and reserved bytes on the same
 //! axis; the threshold as a line over the measured iterations; warm-up and
 //! attribution shaded. The axis is scaled to the exact layers and the
-//! threshold alone. The driver's used bytes, which other processes move, get
-//! a panel and an axis of their own below, and the legend sits under both.
+//! threshold alone. The legend sits below. The driver's views, which every
+//! process moves, are not drawn: they are read only before and after the
+//! window, and the report's table has them.
 use crate::layer::device_name;
 use super::format::{escape_markup as escape};
 use super::Report;
@@ -17,9 +18,6 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 56.0;
 /// The main plot's height.
 const MAIN_H: f64 = 300.0;
-/// The driver's panel's height, and the space above it.
-const PANEL_H: f64 = 80.0;
-const PANEL_GAP: f64 = 56.0;
 /// Below a plot: iteration labels and the axis title.
 const X_LABELS: f64 = 44.0;
 const LEGEND_ROW: f64 = 18.0;
@@ -30,8 +28,6 @@ pub const LIVE_COLOR: &str = "#1f4e9c";
 pub const ALLOCATED_COLOR: &str = "#e07b00";
 /// The caching allocator's reserved bytes.
 pub const RESERVED_COLOR: &str = "#2a9d3c";
-/// The driver's used bytes.
-pub const DRIVER_COLOR: &str = "#8e44ad";
 /// The threshold line.
 pub const THRESHOLD_COLOR: &str = "#d62728";
 /// Exact lines of the other judged devices (host memory when the body ran
@@ -115,19 +111,6 @@ fn lines(report: &Report) -> Vec<Line<'static>> {
     lines
 }
 
-/// The driver's used bytes (every process on the device), for the panel
-/// of its own; `None` where it was not read.
-fn driver_line(report: &Report) -> Option<Line<'static>> {
-    let values: Vec<Option<f64>> = report.samples.iter().map(|s| s.driver_used_bytes.map(|v| v as f64)).collect();
-    (values.iter().flatten().count() >= 2).then(|| Line {
-        name: "driver used (all processes; its own axis, below)".into(),
-        color: DRIVER_COLOR,
-        dash: "2 4",
-        values,
-        scales_axis: true,
-    })
-}
-
 /// Where samples and values land on the canvas: a plot `h` tall from `top`.
 struct Plot {
     /// Number of x positions (at least 2).
@@ -183,7 +166,6 @@ fn relative_to(line: &Line, base: usize) -> Vec<Option<f64>> {
 pub fn timeline(report: &Report) -> String {
     let samples = &report.samples;
     let lines = lines(report);
-    let driver = driver_line(report);
     // Every line as its change since the sample before the first measured
     // iteration, so they share an axis and a small leak is not flattened by
     // what setup and warm-up allocated; earlier points are clipped.
@@ -194,22 +176,14 @@ pub fn timeline(report: &Report) -> String {
     let scaled: Vec<&[Option<f64>]> =
         lines.iter().zip(&relative).filter(|(line, _)| line.scales_axis).map(|(_, values)| values.as_slice()).collect();
     let plot = Plot::fitting(samples.len(), &scaled, base, threshold, 1024.0, (TOP, MAIN_H));
-    let driver = driver.map(|line| {
-        let values = relative_to(&line, base);
-        let panel = Plot::fitting(samples.len(), &[&values], base, None, 1024.0 * 1024.0, (plot.bottom() + X_LABELS + PANEL_GAP, PANEL_H));
-        (line, values, panel)
-    });
-    let below = driver.as_ref().map_or(plot.bottom(), |(_, _, panel)| panel.bottom()) + X_LABELS;
-    let mut entries = legend_entries(&lines, &relative, threshold.is_some());
-    if let Some((line, _, _)) = &driver {
-        entries.push((line.name.clone(), line.color));
-    }
+    let below = plot.bottom() + X_LABELS;
+    let entries = legend_entries(&lines, &relative, threshold.is_some());
     let height = below + 12.0 + LEGEND_ROW * entries.len().div_ceil(2) as f64 + 10.0;
 
     let mut svg = String::new();
     header(&mut svg, report, height);
     phases(&mut svg, &plot, samples);
-    axes(&mut svg, &plot, samples, true);
+    axes(&mut svg, &plot, samples);
     if let (Some(t), Some(start)) = (threshold, measured_start) {
         let end = samples.iter().rposition(|s| matches!(s.phase, Phase::Measure | Phase::Confirm)).unwrap_or(start);
         let (x0, x1, y) = (plot.x(start.saturating_sub(1)), plot.x(end), plot.y(t));
@@ -218,17 +192,7 @@ pub fn timeline(report: &Report) -> String {
             r#"<line x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="{THRESHOLD_COLOR}" stroke-width="2" stroke-dasharray="6 3"/>"#
         );
     }
-    polylines(&mut svg, &plot, &lines, &relative, "plot");
-    if let Some((line, values, panel)) = &driver {
-        let _ = writeln!(
-            svg,
-            r##"<text x="{LEFT}" y="{:.1}" fill="#555">driver used, all processes: other processes move it, so it has an axis of its own</text>"##,
-            panel.top - 10.0
-        );
-        let _ = writeln!(svg, r#"<clipPath id="panel"><rect x="{LEFT}" y="{}" width="{}" height="{}"/></clipPath>"#, panel.top, Plot::W, panel.h);
-        axes(&mut svg, panel, samples, false);
-        polylines(&mut svg, panel, std::slice::from_ref(line), std::slice::from_ref(values), "panel");
-    }
+    polylines(&mut svg, &plot, &lines, &relative);
     legend(&mut svg, &entries, below + 12.0);
     svg.push_str("</svg>\n");
     svg
@@ -265,8 +229,8 @@ fn phases(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
 }
 
 /// Axes and grid, at round values of a binary unit, and the iterations
-/// (with the axis title under the main plot).
-fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample], title: bool) {
+/// with the axis title under them.
+fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample]) {
     let (unit, unit_name, tick) = tick_step(plot.high - plot.low);
     let mut v = (plot.low / tick).ceil() * tick;
     while v <= plot.high {
@@ -290,19 +254,17 @@ fn axes(svg: &mut String, plot: &Plot, samples: &[super::Sample], title: bool) {
         };
         let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{label}</text>"#, plot.x(i), bottom + 18.0);
     }
-    if title {
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration (w: warm-up, c: confirmation, a: attribution)</text>"#,
-            LEFT + Plot::W / 2.0,
-            bottom + 36.0
-        );
-    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">iteration (w: warm-up, c: confirmation, a: attribution)</text>"#,
+        LEFT + Plot::W / 2.0,
+        bottom + 36.0
+    );
 }
 
-/// Driver first, the exact line last, so it is drawn on top; allocated is
-/// drawn wide, so where it equals the exact line it shows as a rim.
-fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Option<f64>>], clip: &str) {
+/// The exact line last, so it is drawn on top; allocated is drawn wide, so
+/// where it equals the exact line it shows as a rim.
+fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Option<f64>>]) {
     for (line, values) in lines.iter().zip(relative).rev() {
         let points: Vec<String> =
             values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", plot.x(i), plot.y(v)))).collect();
@@ -317,7 +279,7 @@ fn polylines(svg: &mut String, plot: &Plot, lines: &[Line], relative: &[Vec<Opti
         let dash = if line.dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{}""#, line.dash) };
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="{width}"{dash} clip-path="url(#{clip})" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{}" stroke-width="{width}"{dash} clip-path="url(#plot)" points="{}"/>"#,
             line.color,
             points.join(" ")
         );
