@@ -363,9 +363,10 @@ char* glt_cuda_ready_blas_here(int32_t device, int* ready) {
 // The same on autograd's worker thread for `device` (started here if it was
 // not), which runs the backward's matmuls. The worker is reached by a
 // backward through a view, which runs no kernel, with a hook on the view's
-// gradient. The caller runs this on a thread beside the test's own: where
-// many processes start CUDA at once, the two threads wait on the driver at
-// the same time rather than one after the other.
+// gradient. On a device's first prewarm the caller runs this on a thread
+// beside the test's own: where many processes start CUDA at once, the two
+// threads wait on the driver at the same time rather than one after the
+// other. Later, with the worker's state made, it runs on the test thread.
 char* glt_cuda_ready_blas_on_worker(int32_t device, int* ready) {
   return guarded([&] {
     *ready = 0;

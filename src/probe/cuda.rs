@@ -358,8 +358,9 @@ pub fn clear_cublas_workspaces() -> Result<CublasWorkspaces> {
 
 /// [`PrewarmParts::cuda_state`](crate::report::PrewarmParts::cuda_state)
 /// part by part, past CUDA's start-up. The first three are the test
-/// thread's wall time, one after the other; the last two ran meanwhile on
-/// a thread beside it, and are not shares of that time.
+/// thread's wall time, one after the other; the last two are the device
+/// thread's part, which ran beside it on a device's first prewarm and on
+/// the test thread after: not shares of that time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CudaStateTimes {
@@ -370,15 +371,16 @@ pub struct CudaStateTimes {
     /// Growing the test thread's own autograd ready queue (once per thread).
     #[serde(default)]
     pub callers_queue: Duration,
-    /// Waiting for the thread beside, past the test thread's own parts:
-    /// what of the next two the overlap did not hide.
+    /// The device thread's part past the test thread's own parts: waiting
+    /// for the thread beside, what of the next two the overlap did not
+    /// hide; after a device's first prewarm, that part itself.
     #[serde(default)]
     pub waiting_beside: Duration,
-    /// Beside: autograd's device thread, started by a backward where it had
-    /// not run, and its own cuBLAS state.
+    /// The device thread's part: autograd's device thread, started by a
+    /// backward where it had not run, and its own cuBLAS state.
     pub autograd_worker: Duration,
-    /// Beside, after it: growing the device thread's ready queue (once per
-    /// device and process).
+    /// The device thread's part, after it: growing the device thread's
+    /// ready queue (once per device and process).
     #[serde(default)]
     pub device_queue: Duration,
 }
@@ -392,9 +394,11 @@ pub struct CudaStateTimes {
 /// backward also load their kernels, about 100 ms on an H200, which a body
 /// that never multiplies would not pay. Then the device thread's ready
 /// queue and the calling thread's own are grown (see
-/// [`grow_autograd_ready_queue`]). The device thread's part runs from a
-/// thread beside the calling one, so the two threads' parts overlap: both
-/// wait on the driver where other processes start CUDA meanwhile. Returns
+/// [`grow_autograd_ready_queue`]). On a device's first prewarm the device
+/// thread's part runs from a thread beside the calling one, so the two
+/// threads' parts overlap: both wait on the driver where other processes
+/// start CUDA meanwhile. After that, the part is a backward that finds its
+/// state made, and runs on the calling thread. Returns
 /// where the time went past CUDA's start-up, which is counted apart
 /// ([`startup_time`]).
 pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
@@ -412,24 +416,16 @@ pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
         add_startup(started);
         CONTEXTS.fetch_or(bit, Ordering::Relaxed);
     }
+    let first = QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0;
     let (ready_here, ready_there) = std::thread::scope(|scope| -> Result<(bool, bool)> {
-        let beside = std::thread::Builder::new()
-            .name("gpu-leak-test-prewarm".into())
-            .spawn_scoped(scope, || -> Result<(bool, Duration, Duration)> {
+        let beside = first.then(|| {
+            std::thread::Builder::new().name("gpu-leak-test-prewarm".into()).spawn_scoped(scope, || {
                 // What this thread allocates is the harness's, and gone
                 // once it is joined.
                 let _harness = crate::layer::rust_heap::harness();
-                let started = Instant::now();
-                let mut ready: c_int = 0;
-                // SAFETY: plain argument and out-parameter.
-                ffi::check("glt_cuda_ready_blas_on_worker", unsafe { ffi::glt_cuda_ready_blas_on_worker(device, &mut ready) })?;
-                let worker = started.elapsed();
-                if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
-                    grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
-                    QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
-                }
-                Ok((ready != 0, worker, started.elapsed() - worker))
-            });
+                ready_device_thread(device, index)
+            })
+        });
         let started = Instant::now();
         let mut ready: c_int = 0;
         // SAFETY: plain argument and out-parameter.
@@ -451,11 +447,11 @@ pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
         // Joined before either result is looked at: the thread and what it
         // allocated are gone before anything is counted.
         let there = match beside {
-            Ok(beside) => beside.join().unwrap_or_else(|_| Err(Error::Libtorch {
-                call: "the prewarm's thread beside the test's",
-                message: "it panicked".into(),
-            })),
-            Err(e) => Err(Error::Libtorch { call: "the prewarm's thread beside the test's", message: e.to_string() }),
+            None => ready_device_thread(device, index),
+            Some(spawned) => spawned
+                .map_err(|e| e.to_string())
+                .and_then(|beside| beside.join().map_err(|_| "it panicked".to_string()))
+                .unwrap_or_else(|message| Err(Error::Libtorch { call: "the prewarm's thread beside the test's", message })),
         };
         times.waiting_beside = started.elapsed();
         here?;
@@ -471,6 +467,24 @@ pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
     }
     synchronize(index)?;
     Ok(times)
+}
+
+/// The device thread's part of [`prewarm`], from whichever thread runs it:
+/// autograd's device thread reached by a backward and its cuBLAS state
+/// made, then, once per device, its ready queue grown. Returns whether the
+/// cuBLAS state is ready, and the two parts' times.
+fn ready_device_thread(device: c_int, index: usize) -> Result<(bool, Duration, Duration)> {
+    let started = Instant::now();
+    let mut ready: c_int = 0;
+    // SAFETY: plain argument and out-parameter.
+    ffi::check("glt_cuda_ready_blas_on_worker", unsafe { ffi::glt_cuda_ready_blas_on_worker(device, &mut ready) })?;
+    let worker = started.elapsed();
+    let bit = 1u64 << index.min(63);
+    if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
+        grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
+        QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
+    }
+    Ok((ready != 0, worker, started.elapsed() - worker))
 }
 
 /// By device, the queues the prewarm grew: autograd's worker threads for
