@@ -128,7 +128,7 @@ fn views(report: &Report, html: &mut String) {
     let signed = |v: Option<u64>| v.map(|v| v as i64);
     row("tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes));
     row("allocator allocated", signed(before.allocated_bytes), signed(after.allocated_bytes));
-    row("driver used", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
+    row("driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
     row("driver used by this process (NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes));
     html.push_str("</table>\n");
 }

@@ -30,9 +30,11 @@ pub const ALLOCATED_COLOR: &str = "#e07b00";
 pub const RESERVED_COLOR: &str = "#2a9d3c";
 /// The threshold line.
 pub const THRESHOLD_COLOR: &str = "#d62728";
-/// Exact lines of the other judged devices (host memory when the body ran
-/// on CUDA, and the reverse).
-pub const OTHER_DEVICE_COLORS: [&str; 3] = ["#17becf", "#7f7f7f", "#bcbd22"];
+/// Exact lines of the other judged layers (host memory when the body ran
+/// on CUDA, and the reverse; libtorch's host objects, the Rust heap, the
+/// driver's allocations outside libtorch): one colour each for the five a
+/// one-GPU machine follows besides the verdict's.
+pub const OTHER_LAYER_COLORS: [&str; 5] = ["#17becf", "#7f7f7f", "#bcbd22", "#8e44ad", "#e377c2"];
 /// Background of the warm-up iterations.
 pub const WARMUP_SHADE: &str = "#e8e8e8";
 /// Background of the attribution iterations.
@@ -101,9 +103,9 @@ fn lines(report: &Report) -> Vec<Line<'static>> {
             scales_axis: false,
         },
     ];
-    // One exact line per other judged device, drawn under the main one.
+    // One exact line per other judged layer, drawn under the main one.
     let others = report.devices.iter().filter(|d| d.layer != report.verdict_layer && d.levels.len() == samples.len());
-    for (d, color) in others.zip(OTHER_DEVICE_COLORS.iter().cycle()) {
+    for (d, color) in others.zip(OTHER_LAYER_COLORS.iter().cycle()) {
         let name = format!("{} (exact, {})", d.layer.plain_name(), d.verdict.label());
         let values = d.levels.iter().map(|&v| Some(v as f64)).collect();
         lines.insert(1, Line { name, color, dash: "4 2", values, scales_axis: true });
@@ -314,6 +316,27 @@ fn legend(svg: &mut String, entries: &[(String, &str)], top: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_other_layer_of_a_one_gpu_machine_has_a_colour_no_other_line_has() {
+        use crate::layer::Layer;
+        use tch::Device;
+        let followed = [
+            Layer::Tensors(Device::Cpu),
+            Layer::HostObjects,
+            Layer::RustHeap,
+            Layer::Tensors(Device::Cuda(0)),
+            Layer::OutsideLibtorch(Device::Cuda(0)),
+            Layer::OutsideLibtorch(Device::Cpu),
+        ];
+        assert!(OTHER_LAYER_COLORS.len() >= followed.len() - 1, "one layer is the verdict's, drawn in LIVE_COLOR");
+        let mut colours: Vec<&str> = OTHER_LAYER_COLORS.to_vec();
+        colours.extend([LIVE_COLOR, ALLOCATED_COLOR, RESERVED_COLOR, THRESHOLD_COLOR]);
+        let mut distinct = colours.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), colours.len(), "{colours:?}");
+    }
 
     #[test]
     fn ticks_are_round_in_binary_units() {
