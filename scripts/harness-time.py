@@ -15,8 +15,9 @@ import re
 import statistics
 import sys
 
-# Timed on a thread of their own, beside the test thread's parts: not
-# shares of the harness's own time, nor its largest part.
+# Timed on a thread of their own beside the test thread's parts (the device
+# thread's part on a device's first prewarm, which is every test's under
+# nextest): not shares of the harness's own time, nor its largest part.
 BESIDE = {"prewarm_nvml_and_cupti", "cuda_state_autograd_worker", "cuda_state_device_queue"}
 
 PARTS = [
@@ -27,7 +28,7 @@ PARTS = [
     ("prewarm_cuda_state", "… of it: CUDA's one-time state (cuBLAS handles, autograd's device thread, its ready queue and the caller's; NVML's and CUPTI's start-ups beside them), less CUDA's start-up"),
     ("cuda_state_cublas_here", "… … of it: the test thread's cuBLAS and cuBLASLt handles and workspaces"),
     ("cuda_state_callers_queue", "… … of it: growing the test thread's own autograd ready queue"),
-    ("cuda_state_waiting_beside", "… … of it: waiting for the thread beside, past the two above"),
+    ("cuda_state_waiting_beside", "… … of it: waiting for the thread beside, past the two above (on a later prewarm in a process, its part run here)"),
     ("cuda_state_autograd_worker", "… … beside it: autograd's device thread (started by a backward where it had not run) and its cuBLAS state"),
     ("cuda_state_device_queue", "… … beside it, after that: growing the device thread's ready queue"),
     ("prewarm_nvml_and_cupti", "… … beside it: NVML's and CUPTI's start-ups, on a thread of their own that it waits for (CUDA's start-up, which runs meanwhile, not taken out)"),
