@@ -407,7 +407,7 @@ pub fn prewarm(index: usize) -> Result<CudaStateTimes> {
     // The device's context comes with its first tensor: CUDA's start-up,
     // counted apart (once per device and process).
     static CONTEXTS: AtomicU64 = AtomicU64::new(0);
-    let bit = 1u64 << index.min(63);
+    let bit = device_bit(index);
     if CONTEXTS.load(Ordering::Relaxed) & bit == 0 {
         let started = Instant::now();
         let context = tch::Tensor::f_zeros([1], (tch::Kind::Float, tch::Device::Cuda(index)));
@@ -479,12 +479,18 @@ fn ready_device_thread(device: c_int, index: usize) -> Result<(bool, Duration, D
     // SAFETY: plain argument and out-parameter.
     ffi::check("glt_cuda_ready_blas_on_worker", unsafe { ffi::glt_cuda_ready_blas_on_worker(device, &mut ready) })?;
     let worker = started.elapsed();
-    let bit = 1u64 << index.min(63);
+    let bit = device_bit(index);
     if QUEUES_GROWN.load(Ordering::Relaxed) & bit == 0 {
         grow_autograd_ready_queue(tch::Device::Cuda(index), READY_QUEUE_TASKS)?;
         QUEUES_GROWN.fetch_or(bit, Ordering::Relaxed);
     }
     Ok((ready != 0, worker, started.elapsed() - worker))
+}
+
+/// A device's bit in the per-device sets below and in `prewarm`. Devices
+/// past the 64th share the last bit: no machine has that many.
+fn device_bit(index: usize) -> u64 {
+    1u64 << index.min(63)
 }
 
 /// By device, the queues the prewarm grew: autograd's worker threads for
