@@ -133,6 +133,24 @@ impl MemoryViews {
             driver_process_bytes: snapshot.process,
         }
     }
+
+    /// The before/after table every renderer draws, one label per figure,
+    /// so the text report and the page name each view alike. A row whose
+    /// figure is missing on either side is left out.
+    pub(crate) fn rows(before: &MemoryViews, after: &MemoryViews) -> Vec<(&'static str, i64, i64)> {
+        let signed = |v: Option<u64>| v.map(|v| v as i64);
+        [
+            ("tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes)),
+            ("allocator allocated (whole process)", signed(before.allocated_bytes), signed(after.allocated_bytes)),
+            ("allocator reserved (cached too)", signed(before.reserved_bytes), signed(after.reserved_bytes)),
+            ("driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes)),
+            ("driver used by this process (NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes)),
+            ("host heap in use (whole process)", signed(before.host_heap_bytes), signed(after.host_heap_bytes)),
+        ]
+        .into_iter()
+        .filter_map(|(name, b, a)| Some((name, b?, a?)))
+        .collect()
+    }
 }
 
 /// One judged device: its own verdict and its exact live bytes at each
@@ -507,5 +525,43 @@ impl Report {
     /// What was judged in `layer`, where it was judged.
     pub fn judged(&self, layer: crate::layer::Layer) -> Option<&DeviceResult> {
         self.devices.iter().find(|d| d.layer == layer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryViews;
+
+    fn views(live: i64, allocator: Option<u64>, host_heap: Option<u64>) -> MemoryViews {
+        MemoryViews {
+            live_bytes: live,
+            peak_live_bytes: live,
+            allocated_bytes: allocator,
+            reserved_bytes: allocator,
+            active_bytes: allocator,
+            driver_used_bytes: allocator,
+            driver_total_bytes: allocator,
+            host_heap_bytes: host_heap,
+            driver_process_bytes: allocator,
+        }
+    }
+
+    #[test]
+    fn every_view_a_report_holds_has_one_row_with_its_own_name() {
+        let rows = MemoryViews::rows(&views(1, Some(2), Some(3)), &views(4, Some(5), Some(6)));
+        assert_eq!(rows.len(), 6, "{rows:?}");
+        let mut names: Vec<_> = rows.iter().map(|r| r.0).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 6, "{rows:?}");
+        assert_eq!(rows[0], ("tensors alive (exact)", 1, 4));
+    }
+
+    #[test]
+    fn a_view_missing_on_either_side_has_no_row() {
+        // On the CPU libtorch keeps no allocator statistics and NVML is absent.
+        let rows = MemoryViews::rows(&views(1, None, Some(3)), &views(4, Some(5), Some(6)));
+        let names: Vec<_> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(names, ["tensors alive (exact)", "host heap in use (whole process)"]);
     }
 }

@@ -5,7 +5,7 @@
 //! failed, the sites with expandable stacks, and the retained tensors.
 use crate::layer::device_name;
 use super::format::{escape_markup as escape, per_iteration_bytes};
-use super::{bytes, signed_bytes, svg, Report};
+use super::{bytes, signed_bytes, svg, MemoryViews, Report};
 use crate::verdict::Verdict;
 use std::fmt::Write;
 
@@ -120,16 +120,9 @@ fn views(report: &Report, html: &mut String) {
         "<h2>Memory on {}</h2>\n<table id=\"views\"><tr><th></th><th>before</th><th>after</th><th>change</th></tr>",
         escape(&device_name(report.device))
     );
-    let mut row = |name: &str, b: Option<i64>, a: Option<i64>| {
-        if let (Some(b), Some(a)) = (b, a) {
-            let _ = writeln!(html, "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td></tr>", signed_bytes(b), signed_bytes(a), signed_bytes(a - b));
-        }
-    };
-    let signed = |v: Option<u64>| v.map(|v| v as i64);
-    row("tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes));
-    row("allocator allocated", signed(before.allocated_bytes), signed(after.allocated_bytes));
-    row("driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
-    row("driver used by this process (NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes));
+    for (name, b, a) in MemoryViews::rows(before, after) {
+        let _ = writeln!(html, "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td></tr>", signed_bytes(b), signed_bytes(a), signed_bytes(a - b));
+    }
     html.push_str("</table>\n");
 }
 

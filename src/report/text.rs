@@ -1,7 +1,7 @@
 //! The human-readable report: the panic message of a failing leak test.
 use crate::layer::device_name;
 use super::format::{bytes, per_iteration_bytes, signed_bytes, thousands};
-use super::Report;
+use super::{MemoryViews, Report};
 use crate::verdict::{LeakRate, Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
 
@@ -542,25 +542,9 @@ fn views_table(report: &Report, out: &mut String) {
         device_name(report.device)
     );
     let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", "", "before", "after", "change");
-    let row = |out: &mut String, name: &str, b: Option<i64>, a: Option<i64>| {
-        if let (Some(b), Some(a)) = (b, a) {
-            let _ = writeln!(
-                out,
-                "    {:<34} {:>26} {:>26} {:>26}",
-                name,
-                signed_or_plain(b),
-                signed_or_plain(a),
-                signed_bytes(a - b)
-            );
-        }
-    };
-    row(out, "tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes));
-    let signed = |v: Option<u64>| v.map(|v| v as i64);
-    row(out, "allocator allocated (whole process)", signed(before.allocated_bytes), signed(after.allocated_bytes));
-    row(out, "allocator reserved (cached too)", signed(before.reserved_bytes), signed(after.reserved_bytes));
-    row(out, "driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes));
-    row(out, "driver used (this process, NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes));
-    row(out, "host heap in use (whole process)", signed(before.host_heap_bytes), signed(after.host_heap_bytes));
+    for (name, b, a) in MemoryViews::rows(before, after) {
+        let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", name, signed_or_plain(b), signed_or_plain(a), signed_bytes(a - b));
+    }
     if before.allocated_bytes.is_none() {
         let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
     }
