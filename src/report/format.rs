@@ -62,6 +62,16 @@ pub fn signed_bytes(value: i64) -> String {
     }
 }
 
+/// A level, not a change: plain where it is not negative (`"512 B"`), with
+/// its sign where it is (a test's live bytes can end below where it began).
+pub(crate) fn level_bytes(value: i64) -> String {
+    if value < 0 {
+        signed_bytes(value)
+    } else {
+        bytes(value as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +86,12 @@ mod tests {
         assert_eq!(bytes(2_621_440), "2.50 MiB (2,621,440 B)");
         assert_eq!(signed_bytes(-1024), "-1.00 KiB (1,024 B)");
         assert_eq!(signed_bytes(512), "+512 B");
+    }
+
+    #[test]
+    fn a_level_has_a_sign_only_below_zero() {
+        assert_eq!(level_bytes(512), "512 B");
+        assert_eq!(level_bytes(0), "0 B");
+        assert_eq!(level_bytes(-512), "-512 B");
     }
 }

@@ -4,7 +4,7 @@
 //! iterations (so you see which line grows), a marker where the body
 //! failed, the sites with expandable stacks, and the retained tensors.
 use crate::layer::device_name;
-use super::format::{escape_markup as escape, per_iteration_bytes};
+use super::format::{escape_markup as escape, level_bytes, per_iteration_bytes};
 use super::{bytes, signed_bytes, svg, MemoryViews, Report};
 use crate::verdict::Verdict;
 use std::fmt::Write;
@@ -121,7 +121,7 @@ fn views(report: &Report, html: &mut String) {
         escape(&device_name(report.device))
     );
     for (name, b, a) in MemoryViews::rows(before, after) {
-        let _ = writeln!(html, "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td></tr>", signed_bytes(b), signed_bytes(a), signed_bytes(a - b));
+        let _ = writeln!(html, "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td></tr>", level_bytes(b), level_bytes(a), signed_bytes(a - b));
     }
     html.push_str("</table>\n");
 }

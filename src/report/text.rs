@@ -1,6 +1,6 @@
 //! The human-readable report: the panic message of a failing leak test.
 use crate::layer::device_name;
-use super::format::{bytes, per_iteration_bytes, signed_bytes, thousands};
+use super::format::{bytes, level_bytes, per_iteration_bytes, signed_bytes, thousands};
 use super::{MemoryViews, Report};
 use crate::verdict::{LeakRate, Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
@@ -543,18 +543,10 @@ fn views_table(report: &Report, out: &mut String) {
     );
     let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", "", "before", "after", "change");
     for (name, b, a) in MemoryViews::rows(before, after) {
-        let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", name, signed_or_plain(b), signed_or_plain(a), signed_bytes(a - b));
+        let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", name, level_bytes(b), level_bytes(a), signed_bytes(a - b));
     }
     if before.allocated_bytes.is_none() {
         let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
-    }
-}
-
-fn signed_or_plain(value: i64) -> String {
-    if value < 0 {
-        signed_bytes(value)
-    } else {
-        bytes(value as u64)
     }
 }
 
