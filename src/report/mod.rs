@@ -134,6 +134,10 @@ impl MemoryViews {
         }
     }
 
+    /// The allocator's two views' labels, shared with the timeline's lines.
+    pub(crate) const ALLOCATED_LABEL: &'static str = "allocator allocated (whole process)";
+    pub(crate) const RESERVED_LABEL: &'static str = "allocator reserved (cached too)";
+
     /// The before/after table every renderer draws, one label per figure,
     /// so the text report and the page name each view alike. A row whose
     /// figure is missing on either side is left out.
@@ -141,8 +145,8 @@ impl MemoryViews {
         let signed = |v: Option<u64>| v.map(|v| v as i64);
         [
             ("tensors alive (exact)", Some(before.live_bytes), Some(after.live_bytes)),
-            ("allocator allocated (whole process)", signed(before.allocated_bytes), signed(after.allocated_bytes)),
-            ("allocator reserved (cached too)", signed(before.reserved_bytes), signed(after.reserved_bytes)),
+            (Self::ALLOCATED_LABEL, signed(before.allocated_bytes), signed(after.allocated_bytes)),
+            (Self::RESERVED_LABEL, signed(before.reserved_bytes), signed(after.reserved_bytes)),
             ("driver used (all processes)", signed(before.driver_used_bytes), signed(after.driver_used_bytes)),
             ("driver used by this process (NVML)", signed(before.driver_process_bytes), signed(after.driver_process_bytes)),
             ("host heap in use (whole process)", signed(before.host_heap_bytes), signed(after.host_heap_bytes)),

@@ -8,7 +8,7 @@
 //! window, and the report's table has them.
 use crate::layer::device_name;
 use super::format::{escape_markup as escape};
-use super::Report;
+use super::{MemoryViews, Report};
 use crate::verdict::Phase;
 use std::fmt::Write;
 
@@ -89,14 +89,14 @@ fn lines(report: &Report) -> Vec<Line<'static>> {
             scales_axis: true,
         },
         Line {
-            name: "allocator allocated (whole process)".into(),
+            name: MemoryViews::ALLOCATED_LABEL.into(),
             color: ALLOCATED_COLOR,
             dash: "",
             values: view(|s| s.allocated_bytes),
             scales_axis: false,
         },
         Line {
-            name: "allocator reserved (cached too)".into(),
+            name: MemoryViews::RESERVED_LABEL.into(),
             color: RESERVED_COLOR,
             dash: "8 4",
             values: view(|s| s.reserved_bytes),
