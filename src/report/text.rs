@@ -541,12 +541,24 @@ fn views_table(report: &Report, out: &mut String) {
         "\n  Memory on {} (before = after warm-up, after = after the measured iterations):",
         device_name(report.device)
     );
-    let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", "", "before", "after", "change");
-    for (name, b, a) in MemoryViews::rows(before, after) {
-        let _ = writeln!(out, "    {:<34} {:>26} {:>26} {:>26}", name, level_bytes(b), level_bytes(a), signed_bytes(a - b));
-    }
+    views_rows(before, after, out);
     if before.allocated_bytes.is_none() {
         let _ = writeln!(out, "    (on the CPU libtorch keeps no allocator statistics; the hook is the only view)");
+    }
+}
+
+/// The before/after rows under a header. Each column is as wide as its
+/// widest cell, so a longer label or a figure in GiB cannot push its row
+/// out of line.
+fn views_rows(before: &MemoryViews, after: &MemoryViews, out: &mut String) {
+    let mut table = vec![[String::new(), "before".to_owned(), "after".to_owned(), "change".to_owned()]];
+    for (name, b, a) in MemoryViews::rows(before, after) {
+        table.push([name.to_owned(), level_bytes(b), level_bytes(a), signed_bytes(a - b)]);
+    }
+    let width = |column: usize| table.iter().map(|row| row[column].chars().count()).max().unwrap_or(0);
+    let (w0, w1, w2, w3) = (width(0), width(1), width(2), width(3));
+    for [name, b, a, change] in &table {
+        let _ = writeln!(out, "    {name:<w0$}  {b:>w1$}  {a:>w2$}  {change:>w3$}");
     }
 }
 
@@ -731,6 +743,31 @@ mod tests {
         assert_eq!(without_cpp_frames("plain"), "plain");
         let quoted = r#"Torch("CUDA out of memory.\nException raised from malloc\nframe #0: x")"#;
         assert_eq!(without_cpp_frames(quoted), r#"Torch("CUDA out of memory."#);
+    }
+
+    #[test]
+    fn every_row_of_the_memory_table_lines_up_with_its_header() {
+        // Figures of every width: bytes, KiB, and GiB with a ten-digit count.
+        let views = |live: i64, driver: u64| MemoryViews {
+            live_bytes: live,
+            allocated_bytes: Some(76_167_168),
+            reserved_bytes: Some(90_177_536),
+            driver_used_bytes: Some(driver),
+            driver_process_bytes: Some(878_706_688),
+            host_heap_bytes: Some(321_667_424),
+            ..MemoryViews::default()
+        };
+        let mut out = String::new();
+        views_rows(&views(0, 3_378_708_480), &views(5_120, 4_518_510_592), &mut out);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 7, "{out}");
+        // Labels are padded on the right and figures on the left, so a row
+        // lines up with the header when its length and its label's start
+        // are the header's.
+        for line in &lines[1..] {
+            assert_eq!(line.chars().count(), lines[0].chars().count(), "{out}");
+            assert!(line.starts_with("    ") && !line[4..].starts_with(' '), "{out}");
+        }
     }
 
     #[test]
