@@ -4,6 +4,7 @@ use super::format::{bytes, level_bytes, per_iteration_bytes, signed_bytes, thous
 use super::{MemoryViews, Report};
 use crate::verdict::{LeakRate, Phase, RetainedDuring, Verdict};
 use std::fmt::{self, Write as _};
+use Align::{Left, Right};
 
 /// `[1, 2, 3, 5]` → `"1-3, 5"`.
 pub(crate) fn ranges(values: &[u32]) -> String {
@@ -365,7 +366,7 @@ fn attribution_lines(report: &Report, out: &mut String) {
         );
         return;
     }
-    let _ = writeln!(out, "    {:>22}  {:>6}  {:>16}  {:<10}  site", "bytes", "allocs", "per iteration", "iterations");
+    let mut table = vec![["bytes", "allocs", "per iteration", "iterations", "site"].map(String::from)];
     for site in attribution.sites.iter().take(8) {
         let mut note = match &site.suppressed_by {
             Some(reason) => format!("  (suppressed: {reason})"),
@@ -375,16 +376,15 @@ fn attribution_lines(report: &Report, out: &mut String) {
         if let Some(label) = site.layer.site_label() {
             note.insert_str(0, &format!("  [{label}]"));
         }
-        let _ = writeln!(
-            out,
-            "    {:>22}  {:>6}  {:>16}  {:<10}  {}{note}",
+        table.push([
             bytes(site.survivors.bytes),
             thousands(site.survivors.allocations as u64),
             per_iteration_bytes(site.survivors.bytes_per_iteration),
             ranges(&site.survivors.iterations),
-            site.description,
-        );
+            format!("{}{note}", site.description),
+        ]);
     }
+    write_table(out, [Right, Right, Right, Left, Left], &table);
     if attribution.sites.len() > 8 {
         let _ = writeln!(out, "    … and {} smaller sites", attribution.sites.len() - 8);
     }
@@ -419,22 +419,21 @@ fn baseline_lines(report: &Report, out: &mut String) {
         outcome.tolerance_pct,
         outcome.status.label()
     );
-    let _ = writeln!(out, "    {:<8} {:<22} {:>26} {:>26}  change", "device", "figure", "baseline", "this run");
+    let mut table = vec![["device", "figure", "baseline", "this run", "change"].map(String::from)];
     for row in outcome.rows() {
         let change = row.change().map_or(String::new(), |c| {
             let percent = c.percent().map(|p| format!(" ({p:+.1}%)")).unwrap_or_default();
             format!("{}{percent}", signed_bytes(c.difference()))
         });
-        let _ = writeln!(
-            out,
-            "    {:<8} {:<22} {:>26} {:>26}  {change}{}",
-            row.device,
-            crate::baseline::Figures::short_name(row.figure),
+        table.push([
+            row.device.to_string(),
+            crate::baseline::Figures::short_name(row.figure).to_string(),
             row.baseline.map(|w| bytes(w.max(0) as u64)).unwrap_or_else(|| "-".into()),
             bytes(row.measured.max(0) as u64),
-            if row.over { "  OVER" } else { "" }
-        );
+            format!("{change}{}", if row.over { "  OVER" } else { "" }),
+        ]);
     }
+    write_table(out, [Left, Left, Right, Right, Left], &table);
     if outcome.status == crate::baseline::BaselineStatus::Within && !outcome.lower.is_empty() {
         let _ = writeln!(
             out,
@@ -459,16 +458,15 @@ fn peak_site_lines(report: &Report, out: &mut String) {
         let _ = writeln!(out, "    no allocation with a stack was alive at the peak: its source names no sites here");
         return;
     }
-    let _ = writeln!(out, "    {:>22}  {:>6}  site", "at the peak", "allocs");
+    let mut table = vec![["at the peak", "allocs", "site"].map(String::from)];
     for site in sites.sites.iter().take(8) {
-        let _ = writeln!(
-            out,
-            "    {:>22}  {:>6}  {}",
+        table.push([
             bytes(site.survivors.bytes_per_iteration.round() as u64),
             thousands((site.survivors.allocations as u64).div_ceil(u64::from(n.max(1)))),
-            site.description
-        );
+            site.description.clone(),
+        ]);
     }
+    write_table(out, [Right, Right, Left], &table);
     if sites.sites.len() > 8 {
         let _ = writeln!(out, "    … and {} smaller sites", sites.sites.len() - 8);
     }
@@ -547,18 +545,37 @@ fn views_table(report: &Report, out: &mut String) {
     }
 }
 
-/// The before/after rows under a header. Each column is as wide as its
-/// widest cell, so a longer label or a figure in GiB cannot push its row
-/// out of line.
+/// The before/after rows under a header.
 fn views_rows(before: &MemoryViews, after: &MemoryViews, out: &mut String) {
-    let mut table = vec![[String::new(), "before".to_owned(), "after".to_owned(), "change".to_owned()]];
+    let mut table = vec![["", "before", "after", "change"].map(String::from)];
     for (name, b, a) in MemoryViews::rows(before, after) {
         table.push([name.to_owned(), level_bytes(b), level_bytes(a), signed_bytes(a - b)]);
     }
-    let width = |column: usize| table.iter().map(|row| row[column].chars().count()).max().unwrap_or(0);
-    let (w0, w1, w2, w3) = (width(0), width(1), width(2), width(3));
-    for [name, b, a, change] in &table {
-        let _ = writeln!(out, "    {name:<w0$}  {b:>w1$}  {a:>w2$}  {change:>w3$}");
+    write_table(out, [Left, Right, Right, Right], &table);
+}
+
+/// How a column of a text table lines up.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// A table's rows, indented by four spaces, columns two spaces apart and
+/// each as wide as its widest cell, so that no figure (a count in GiB, a
+/// long label) pushes its row out of line. Trailing spaces are cut, so a
+/// left-aligned last column (a site, a note) runs free.
+fn write_table<const N: usize>(out: &mut String, align: [Align; N], rows: &[[String; N]]) {
+    let widths: [usize; N] = std::array::from_fn(|c| rows.iter().map(|row| row[c].chars().count()).max().unwrap_or(0));
+    for row in rows {
+        let mut line = String::from("  ");
+        for ((cell, width), align) in row.iter().zip(widths).zip(align) {
+            let _ = match align {
+                Left => write!(line, "  {cell:<width$}"),
+                Right => write!(line, "  {cell:>width$}"),
+            };
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
     }
 }
 
@@ -665,17 +682,23 @@ impl fmt::Display for Report {
                 format!("{measured} measured iterations")
             };
             let _ = writeln!(out, "\n  Judged per layer ({} scope), growth over the {window}:", self.context.scope);
-            for d in &self.devices {
-                let _ = writeln!(
-                    out,
-                    "    {:<12} {:<23} {:>26}, counted by {}{}",
-                    d.layer.name(),
-                    d.verdict.label(),
-                    signed_bytes(d.retained_growth_bytes),
-                    d.source,
-                    if d.layer == self.verdict_layer { "  <- this verdict" } else { "" }
-                );
-            }
+            let rows: Vec<[String; 4]> = self
+                .devices
+                .iter()
+                .map(|d| {
+                    [
+                        d.layer.name().to_string(),
+                        d.verdict.label().to_string(),
+                        signed_bytes(d.retained_growth_bytes),
+                        format!(
+                            "counted by {}{}",
+                            d.source,
+                            if d.layer == self.verdict_layer { "  <- this verdict" } else { "" }
+                        ),
+                    ]
+                })
+                .collect();
+            write_table(&mut out, [Left, Left, Right, Left], &rows);
         } else if let Some(d) = self.devices.first() {
             let _ = writeln!(out, "\n  Counted on {} by {} ({} scope).", d.layer, d.source, self.context.scope);
         }
@@ -768,6 +791,23 @@ mod tests {
             assert_eq!(line.chars().count(), lines[0].chars().count(), "{out}");
             assert!(line.starts_with("    ") && !line[4..].starts_with(' '), "{out}");
         }
+    }
+
+    #[test]
+    fn a_tables_figures_line_up_and_its_free_text_runs_without_trailing_spaces() {
+        let rows = [
+            ["bytes", "allocs", "site"].map(String::from),
+            ["72.64 MiB (76,167,168 B)", "1,203", "tests/a.rs:1 in a::f  [host objects]"].map(String::from),
+            ["648 B", "3", "tests/a.rs:2 in a::g"].map(String::from),
+        ];
+        let mut out = String::new();
+        write_table(&mut out, [Right, Right, Left], &rows);
+        let expected = [
+            "                       bytes  allocs  site",
+            "    72.64 MiB (76,167,168 B)   1,203  tests/a.rs:1 in a::f  [host objects]",
+            "                       648 B       3  tests/a.rs:2 in a::g",
+        ];
+        assert_eq!(out.lines().collect::<Vec<_>>(), expected, "{out}");
     }
 
     #[test]
