@@ -30,10 +30,18 @@
 #   attribution-cuda
 #           the same on CUDA, where the step section's short rounds
 #           spread wider than the target's margin
+#   count-cpu
+#           the counting target on the MLP step's host CPU (--target-only,
+#           blocks of 2 steps, rounds of 1 s) until UNTIL: the step whose
+#           rounds spread wider than the target's margin in the step section
 #
-# A part that runs until UNTIL (count, attribution, attribution-cuda) may
-# be given its own limit as PART:SECONDS, so that parts after it still run:
-# `attribution-cuda:200 count`.
+# A part that runs until UNTIL (count, count-cpu, attribution,
+# attribution-cuda) may be given its own limit as PART:SECONDS, so that parts
+# after it still run: `attribution-cuda:200 count`.
+#
+# The bench parts take libtorch's intra-op threads on the host CPU from
+# OMP_NUM_THREADS, as libtorch does (its own default when unset; the heavy
+# step always uses one); each section prints the count it ran with.
 #
 # UNTIL (seconds after this script starts; 570 by default) cuts off
 # whatever part is running then, so a call ends inside a device's limit; the
@@ -189,15 +197,15 @@ until_cut_off() {
 
 for part in "$@"; do
     case $part in
-        suite | step | heavy | queues | anchor | count | attribution | attribution-cuda) ;;
-        count:* | attribution:* | attribution-cuda:*)
+        suite | step | heavy | queues | anchor | count | count-cpu | attribution | attribution-cuda) ;;
+        count:* | count-cpu:* | attribution:* | attribution-cuda:*)
             if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
                 echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
                 exit 2
             fi
             ;;
         *)
-            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy queues anchor count attribution attribution-cuda)" >&2
+            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy queues anchor count count-cpu attribution attribution-cuda)" >&2
             exit 2
             ;;
     esac
@@ -223,6 +231,7 @@ for part in "$@"; do
             cat "$logs/anchor.md"
             ;;
         count) until_cut_off "$seconds" count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
+        count-cpu) until_cut_off "$seconds" count_cpu "the counting target on the MLP step's CPU" step --target-only --devices=cpu ;;
         attribution) until_cut_off "$seconds" attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
         attribution-cuda) until_cut_off "$seconds" attribution_cuda "attribution on the MLP step's CUDA" step --attribution-only --devices=cuda ;;
     esac
