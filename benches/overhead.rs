@@ -821,14 +821,29 @@ fn event_label(variant: Variant) -> &'static str {
 /// cell's matrices are small, and a pool of threads waking for each of
 /// them makes rounds differ by more than the harness costs.
 fn heavy_step_overhead(device: Device, scale: &Scale, variants: &[Variant]) {
+    with_cpu_threads_at_most(device, 1, || {
+        step_overhead(&mut LstmStep::new(device), device, scale, variants);
+        if variants.len() == VARIANTS.len() {
+            event_costs(device, scale);
+        }
+    });
+}
+
+/// The MLP step's intra-op threads on the CPU, at most. With libtorch's
+/// sixteen on a 16-CPU GPU host, counting's rounds spread from 0.69x to
+/// 1.75x; with four, in the same call, from 1.00x to 1.02x, and the plain
+/// step was faster (1.70 ms median against 2.33), so the ratio is not bought
+/// with a longer step (benches/RESULTS.md, "A thirteenth H100 lease").
+const MLP_CPU_THREADS: i32 = 4;
+
+/// Runs `run` with libtorch's intra-op threads on the CPU at most `cap`,
+/// and gives libtorch its own count back after.
+fn with_cpu_threads_at_most(device: Device, cap: i32, run: impl FnOnce()) {
     let threads = tch::get_num_threads();
     if device == Device::Cpu {
-        tch::set_num_threads(1);
+        tch::set_num_threads(threads.min(cap));
     }
-    step_overhead(&mut LstmStep::new(device), device, scale, variants);
-    if variants.len() == VARIANTS.len() {
-        event_costs(device, scale);
-    }
+    run();
     tch::set_num_threads(threads);
 }
 
@@ -1406,7 +1421,9 @@ fn main() {
     devices.retain(|&device| only.is_none_or(|only| only == if device == Device::Cpu { "cpu" } else { "cuda" }));
     if wanted("step") {
         for &device in &devices {
-            step_overhead(&mut MlpStep::new(device), device, scale, variants);
+            with_cpu_threads_at_most(device, MLP_CPU_THREADS, || {
+                step_overhead(&mut MlpStep::new(device), device, scale, variants)
+            });
         }
     }
     if wanted("heavy") {

@@ -39,9 +39,9 @@
 # attribution-cuda) may be given its own limit as PART:SECONDS, so that parts
 # after it still run: `attribution-cuda:200 count`.
 #
-# The bench parts take libtorch's intra-op threads on the host CPU from
-# OMP_NUM_THREADS, as libtorch does (its own default when unset; the heavy
-# step always uses one); each section prints the count it ran with.
+# On the host CPU the bench runs the MLP step with at most four intra-op
+# threads and the heavy step with one; OMP_NUM_THREADS lowers them further,
+# as libtorch reads it. Each section prints the count it ran with.
 #
 # UNTIL (seconds after this script starts; 570 by default) cuts off
 # whatever part is running then, so a call ends inside a device's limit; the
