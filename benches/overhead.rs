@@ -668,7 +668,14 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     // (one block of them all by default).
     let block = scale.block_steps.unwrap_or(steps_per_round).clamp(1, steps_per_round);
     let blocks = steps_per_round.div_ceil(block);
-    let heading = format!("{} on {device:?}", step.describe());
+    // The CPU's intra-op threads in the heading too, so that pooled rounds
+    // (`--pool-rounds`, which groups by heading) never mix thread counts.
+    let threads = match (device, tch::get_num_threads()) {
+        (Device::Cpu, 1) => ", 1 intra-op thread".to_string(),
+        (Device::Cpu, n) => format!(", {n} intra-op threads"),
+        _ => String::new(),
+    };
+    let heading = format!("{} on {device:?}{threads}", step.describe());
     for round in 0..scale.rounds {
         let mut times = vec![0.0; variants.len()];
         let mut block_times = Vec::new();
