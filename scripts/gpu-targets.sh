@@ -32,8 +32,8 @@
 #           spread wider than the target's margin
 #   count-cpu
 #           the counting target on the MLP step's host CPU (--target-only,
-#           blocks of 2 steps, rounds of 1 s) until UNTIL: the step whose
-#           rounds spread wider than the target's margin in the step section
+#           blocks of 2 steps, rounds of 1 s) until UNTIL: the short step
+#           whose rounds spread the most, as for attribution
 #
 # A part that runs until UNTIL (count, count-cpu, attribution,
 # attribution-cuda) may be given its own limit as PART:SECONDS, so that parts
