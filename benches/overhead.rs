@@ -670,7 +670,8 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     let blocks = steps_per_round.div_ceil(block);
     // The CPU's intra-op threads in the heading too, so that pooled rounds
     // (`--pool-rounds`, which groups by heading) never mix thread counts.
-    let threads = match (device, tch::get_num_threads()) {
+    let intra_op_threads = tch::get_num_threads();
+    let threads = match (device, intra_op_threads) {
         (Device::Cpu, 1) => ", 1 intra-op thread".to_string(),
         (Device::Cpu, n) => format!(", {n} intra-op threads"),
         _ => String::new(),
@@ -703,12 +704,11 @@ fn step_overhead(step: &mut dyn TrainingStep, device: Device, scale: &Scale, var
     println!(
         "{} rounds of {} steps per variant, variants taking turns in a balanced order{}; plain step {:.3} ms (median); {events} allocator events \
          per step (allocations and frees) on the step's threads, {process_events} in the whole process, and \
-         {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {}.\n",
+         {host_events} operator new and delete calls of libtorch's host objects; libtorch intra-op threads: {intra_op_threads}.\n",
         scale.rounds,
         steps_per_round,
         if scale.block_steps.is_some() { format!(" in blocks of {block} steps") } else { String::new() },
         plain * 1e3,
-        tch::get_num_threads(),
     );
     if variants.contains(&Variant::Attribution) {
         // How well the unwinder's rule cache serves one step with attribution.
