@@ -195,20 +195,19 @@ until_cut_off() {
     echo "## $description: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
 }
 
+# Every part, and those of them that run until UNTIL and so take PART:SECONDS.
+parts=" suite step heavy queues anchor count count-cpu attribution attribution-cuda "
+timed_parts=" count count-cpu attribution attribution-cuda "
 for part in "$@"; do
-    case $part in
-        suite | step | heavy | queues | anchor | count | count-cpu | attribution | attribution-cuda) ;;
-        count:* | count-cpu:* | attribution:* | attribution-cuda:*)
-            if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
-                echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
-                exit 2
-            fi
-            ;;
-        *)
-            echo "scripts/gpu-targets.sh: no part named $part (suite step heavy queues anchor count count-cpu attribution attribution-cuda)" >&2
+    if [[ $part == *:* && $timed_parts == *" ${part%%:*} "* ]]; then
+        if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
+            echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
             exit 2
-            ;;
-    esac
+        fi
+    elif [[ $part == *:* || $parts != *" $part "* ]]; then
+        echo "scripts/gpu-targets.sh: no part named $part (${parts:1:-1}; PART:SECONDS for${timed_parts% })" >&2
+        exit 2
+    fi
 done
 # libtorch's libraries, from the Python that has torch, once the parts are known.
 export LD_LIBRARY_PATH="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
