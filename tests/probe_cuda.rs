@@ -201,14 +201,14 @@ fn kept_pinned_copies_fail_and_a_reused_staging_buffer_passes() {
     assert!(report.passed(), "{report}");
 }
 
-/// The prewarm grows autograd's device thread's ready queue to 256 tasks:
+/// The prewarm grows autograd's device thread's ready queue to 64 tasks:
 /// a backward that then makes 24 gradients ready at once keeps none of it,
 /// as it would without (`probe_cpu`'s test shows that of a CPU thread's
 /// queue), and one that makes 300 ready grows it, which shows the device
 /// thread's blocks are seen.
 #[test]
-fn after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue() {
-    let test = "after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue";
+fn after_the_prewarm_only_a_backward_wider_than_64_tasks_grows_the_device_queue() {
+    let test = "after_the_prewarm_only_a_backward_wider_than_64_tasks_grows_the_device_queue";
     let Some(index) = cuda_device_or_skip(test) else {
         return;
     };
@@ -222,7 +222,7 @@ fn after_the_prewarm_only_a_backward_wider_than_256_tasks_grows_the_device_queue
     assert_eq!(kept, 0, "a backward of 24 ready tasks grew the device's ready queue by {kept} B after the prewarm");
     let kept = common::ready_queue_kept_by_a_wide_backward(&tracker, device, 300);
     cuda::synchronize(index).unwrap();
-    assert!(kept >= 300 * 32, "a backward of 300 ready tasks should grow the queue past 256; {kept} B seen");
+    assert!(kept >= 300 * 32, "a backward of 300 ready tasks should grow the queue past 64; {kept} B seen");
 }
 
 /// autograd's device worker can finish a short backward before the thread

@@ -521,10 +521,14 @@ pub fn drain_autograd_ready_queue() -> Result<()> {
 }
 
 /// Tasks autograd's worker thread for a device can hold at once from the
-/// prewarm on, without its queue growing: a capacity of 256 of libtorch's
-/// `NodeTask`s, 34 KiB on libtorch 2.11, made once per device and process.
-/// In the suite's two false leaks the queue grew to 8 and to 16 tasks.
-const READY_QUEUE_TASKS: usize = 256;
+/// prewarm on, without its queue growing: a capacity of 64 of libtorch's
+/// `NodeTask`s, 8.5 KiB on libtorch 2.11, made once per device and process.
+/// In the suite's two false leaks the queue grew to 8 and to 16 tasks. A
+/// wider backward grows it in its first iteration, which the warm-up
+/// absorbs. 64 rather than 256: growing costs per task, and under nextest
+/// every CUDA test waits for it (0.6 against 1.9 to 3.4 ms on an H200,
+/// benches/RESULTS.md, "A third H200").
+const READY_QUEUE_TASKS: usize = 64;
 
 /// Grows the autograd ready queue that runs `device`'s backward work (the
 /// worker thread's for a CUDA device, the calling thread's own for the CPU)
