@@ -41,8 +41,9 @@
 #           few on a busy host to tell its median from plain's noise
 #
 # A part that runs until UNTIL (count, count-cpu, count-heavy-cpu,
-# attribution, attribution-cuda) may be given its own limit as PART:SECONDS, so that parts
-# after it still run: `attribution-cuda:200 count`.
+# attribution, attribution-cuda) may be given its own limit as
+# PART:SECONDS, so that parts after it still run: `attribution-cuda:200
+# count`.
 #
 # On the host CPU the bench runs the MLP step with at most four intra-op
 # threads and the heavy step with one; OMP_NUM_THREADS lowers them further,
