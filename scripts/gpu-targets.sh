@@ -202,8 +202,8 @@ until_cut_off() {
 }
 
 # Every part, and those of them that run until UNTIL and so take PART:SECONDS.
-parts=" suite step heavy queues anchor count count-cpu count-heavy-cpu attribution attribution-cuda "
 timed_parts=" count count-cpu count-heavy-cpu attribution attribution-cuda "
+parts=" suite step heavy queues anchor${timed_parts}"
 for part in "$@"; do
     if [[ $part == *:* && $timed_parts == *" ${part%%:*} "* ]]; then
         if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
