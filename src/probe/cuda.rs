@@ -526,8 +526,8 @@ pub fn drain_autograd_ready_queue() -> Result<()> {
 /// In the suite's two false leaks the queue grew to 8 and to 16 tasks. A
 /// wider backward grows it in its first iteration, which the warm-up
 /// absorbs. 64 rather than 256: growing costs per task, and under nextest
-/// every CUDA test waits for it (0.6 against 1.9 to 3.4 ms on an H200,
-/// benches/RESULTS.md, "A third H200").
+/// every CUDA test waits for it (0.55 to 0.90 ms against 1.9 to 3.4 on an
+/// H200, benches/RESULTS.md, "A third H200").
 const READY_QUEUE_TASKS: usize = 64;
 
 /// Grows the autograd ready queue that runs `device`'s backward work (the
