@@ -7,6 +7,11 @@ cost per allocator event.
 
     python3 benches/anchors/pytorch_step.py [--model mlp|lstm|all] [--rounds 21] [--steps 40]
 
+Each round runs every variant for about 0.3 s of the plain step (at least
+3 steps, at most --steps), as benches/overhead.rs's rounds do. With 40
+steps a round for every model, the LSTM step's 21 rounds took most of the
+anchor's 170 s on an H100, more than the step section it anchors.
+
 - mlp: MLP 1024-4096-4096-10, batch 256, Adam (GPU-bound, few events).
 - lstm: an LSTM cell unrolled over 64 time steps at batch 8, input and
   hidden size 256, a linear head, cross-entropy, Adam: the allocation-heavy
@@ -76,6 +81,10 @@ def build_lstm(device):
     )
 
 
+# Seconds of the plain step per variant in a round, as benches/overhead.rs.
+ROUND_SECONDS = 0.3
+
+
 def timed(step, steps, stacks):
     if stacks is not None:
         torch.cuda.memory._record_memory_history(enabled="all", stacks=stacks)
@@ -101,11 +110,12 @@ def events_per_step(step):
     return sum(1 for trace in traces for entry in trace if entry["action"] in ("alloc", "free_completed"))
 
 
-def anchor(build, rounds, steps):
+def anchor(build, rounds, most_steps):
     step, description = build("cuda")
     variants = [("plain", None), ('history, stacks="python"', "python"), ('history, stacks="all"', "all")]
     for _, stacks in variants:
         timed(step, 3, stacks)
+    steps = min(most_steps, max(3, round(ROUND_SECONDS / timed(step, 3, None))))
     events = events_per_step(step)
     ratios = {name: [] for name, _ in variants[1:]}
     per_event = {name: [] for name, _ in variants[1:]}
@@ -140,7 +150,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["mlp", "lstm", "all"], default="all")
     parser.add_argument("--rounds", type=int, default=21)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40, help="the most steps a round")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("PyTorch anchor skipped: no CUDA device")
