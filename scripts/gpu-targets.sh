@@ -21,29 +21,23 @@
 #   queues  overhead --bench queues: growing autograd's ready queues, a
 #           first call in a fresh process against later ones, by tasks
 #   anchor  PyTorch's own recorder on the same steps (pytorch_step.py)
-#   count   the counting target on the allocation-heavy CUDA step
-#           (--target-only, blocks of 2 steps, rounds of 1 s) until UNTIL
-#   attribution
-#           the MLP step's attribution on the host CPU, in thread and in
-#           process scope (--attribution-only, blocks of 2 steps, rounds of
-#           1 s) until UNTIL: the short step whose rounds spread the most
-#   attribution-cuda
-#           the same on CUDA, where the step section's short rounds
-#           spread wider than the target's margin
-#   count-cpu
-#           the counting target on the MLP step's host CPU (--target-only,
-#           blocks of 2 steps, rounds of 1 s) until UNTIL: the short step
-#           whose rounds spread the most, as for attribution
-#   count-heavy-cpu
-#           the counting target on the LSTM step's host CPU (--target-only,
-#           blocks of 2 steps, rounds of 1 s) until UNTIL: the `heavy`
-#           section's 25 rounds, shared with nine other variants, are too
-#           few on a busy host to tell its median from plain's noise
+#   KIND-STEP-DEVICE
+#           one target's figure on one step and device, in rounds of its
+#           own (blocks of 2 steps, rounds of 1 s) until UNTIL, so that its
+#           median's interval can be narrower than the target's margin
+#           where the step sections' rounds, shared with every variant, are
+#           too few: KIND is count (the counting target: process scope, all
+#           layers, against plain, and plain again to check the run) or
+#           attribution (attribution forced on, in thread and in process
+#           scope); STEP is mlp (the `step` section's MLP) or lstm (the
+#           `heavy` section's LSTM x64); DEVICE is cpu or cuda. For example
+#           count-lstm-cuda, attribution-mlp-cpu.
 #
-# A part that runs until UNTIL (count, count-cpu, count-heavy-cpu,
-# attribution, attribution-cuda) may be given its own limit as
-# PART:SECONDS, so that parts after it still run: `attribution-cuda:200
-# count`.
+# Every KIND-STEP-DEVICE part may be given its own limit as
+# PART:SECONDS, so that parts after it still run: `attribution-mlp-cuda:60
+# count-lstm-cuda`. Every must-show figure of the performance targets fits
+# two calls this way (docs/benchmarks.md); `step` and `heavy` give every
+# variant's figure where a third call fits.
 #
 # On the host CPU the bench runs the MLP step with at most four intra-op
 # threads and the heavy step with one; OMP_NUM_THREADS lowers them further,
@@ -201,17 +195,18 @@ until_cut_off() {
     echo "## $description: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
 }
 
-# Every part, and those of them that run until UNTIL and so take PART:SECONDS.
-timed_parts=" count count-cpu count-heavy-cpu attribution attribution-cuda "
-parts=" suite step heavy queues anchor${timed_parts}"
+# The parts with a section of their own, and the pattern of those that run
+# one target until UNTIL or PART:SECONDS.
+parts=" suite step heavy queues anchor "
+one_target='^(count|attribution)-(mlp|lstm)-(cpu|cuda)$'
 for part in "$@"; do
-    if [[ $part == *:* && $timed_parts == *" ${part%%:*} "* ]]; then
-        if ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
+    if [[ ${part%%:*} =~ $one_target ]]; then
+        if [[ $part == *:* ]] && ! [[ ${part#*:} =~ ^[1-9][0-9]*$ ]]; then
             echo "scripts/gpu-targets.sh: $part: the seconds after the colon must be a whole number above 0" >&2
             exit 2
         fi
     elif [[ $part == *:* || $parts != *" $part "* ]]; then
-        echo "scripts/gpu-targets.sh: no part named $part (${parts:1:-1}; PART:SECONDS for${timed_parts% })" >&2
+        echo "scripts/gpu-targets.sh: no part named $part (${parts:1:-1}, or KIND-STEP-DEVICE[:SECONDS]: count or attribution, mlp or lstm, cpu or cuda)" >&2
         exit 2
     fi
 done
@@ -235,10 +230,14 @@ for part in "$@"; do
             echo "## PyTorch's anchor: exit $?"
             cat "$logs/anchor.md"
             ;;
-        count) until_cut_off "$seconds" count "the counting target" heavy --target-only --devices=cuda --save-blocks="$logs/blocks_count.tsv" ;;
-        count-cpu) until_cut_off "$seconds" count_cpu "the counting target on the MLP step's CPU" step --target-only --devices=cpu ;;
-        count-heavy-cpu) until_cut_off "$seconds" count_heavy_cpu "the counting target on the LSTM step's CPU" heavy --target-only --devices=cpu ;;
-        attribution) until_cut_off "$seconds" attribution "attribution on the MLP step's CPU" step --attribution-only --devices=cpu ;;
-        attribution-cuda) until_cut_off "$seconds" attribution_cuda "attribution on the MLP step's CUDA" step --attribution-only --devices=cuda ;;
+        *)
+            [[ $part =~ $one_target ]]
+            kind=${BASH_REMATCH[1]} step=${BASH_REMATCH[2]} device=${BASH_REMATCH[3]}
+            only=--target-only section=step
+            [ "$kind" = attribution ] && only=--attribution-only
+            [ "$step" = lstm ] && section=heavy
+            until_cut_off "$seconds" "$part" "$part" "$section" "$only" --devices="$device" \
+                --save-blocks="$logs/blocks_$part.tsv"
+            ;;
     esac
 done
