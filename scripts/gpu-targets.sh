@@ -182,17 +182,17 @@ bench() {
 # As many rounds of one bench section as fit before UNTIL, or within
 # SECONDS where given (blocks of 2 steps, rounds of 1 s), each kept in
 # LOGS/rounds_PART.tsv as it ends:
-#   until_cut_off SECONDS|"" PART DESCRIPTION SECTION OVERHEAD-ARGS...
+#   until_cut_off SECONDS|"" PART SECTION OVERHEAD-ARGS...
 until_cut_off() {
-    local seconds=$1 part=$2 description=$3 section=$4
-    shift 4
+    local seconds=$1 part=$2 section=$3
+    shift 3
     local limit=$(left)
     if [ -n "$seconds" ] && [ "$seconds" -lt "$limit" ]; then
         limit=$seconds
     fi
     timeout "$limit" "$dir/overhead" --bench "$section" "$@" --rounds=1000 --round-seconds=1 --block-steps=2 \
         --save-rounds="$logs/rounds_$part.tsv" >"$logs/$part.md" 2>&1
-    echo "## $description: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
+    echo "## $part: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
 }
 
 # The parts with a section of their own, and the pattern of those that run
@@ -236,7 +236,7 @@ for part in "$@"; do
             only=--target-only section=step
             [ "$kind" = attribution ] && only=--attribution-only
             [ "$step" = lstm ] && section=heavy
-            until_cut_off "$seconds" "$part" "$part" "$section" "$only" --devices="$device" \
+            until_cut_off "$seconds" "$part" "$section" "$only" --devices="$device" \
                 --save-blocks="$logs/blocks_$part.tsv"
             ;;
     esac
