@@ -181,7 +181,8 @@ bench() {
 
 # As many rounds of one bench section as fit before UNTIL, or within
 # SECONDS where given (blocks of 2 steps, rounds of 1 s), each kept in
-# LOGS/rounds_PART.tsv as it ends:
+# LOGS/rounds_PART.tsv as it ends; then the table of every round that file
+# holds, so a call that reuses LOGS pools the part's rounds of every call:
 #   until_cut_off SECONDS|"" PART SECTION OVERHEAD-ARGS...
 until_cut_off() {
     local seconds=$1 part=$2 section=$3
@@ -192,7 +193,12 @@ until_cut_off() {
     fi
     timeout "$limit" "$dir/overhead" --bench "$section" "$@" --rounds=1000 --round-seconds=1 --block-steps=2 \
         --save-rounds="$logs/rounds_$part.tsv" >"$logs/$part.md" 2>&1
-    echo "## $part: exit $? (124: cut off at UNTIL or its own limit, as planned); pool $logs/rounds_$part.tsv with overhead --pool-rounds"
+    echo "## $part: exit $? (124: cut off at UNTIL or its own limit, as planned); every round in $logs/rounds_$part.tsv:"
+    if [ -s "$logs/rounds_$part.tsv" ]; then
+        "$dir/overhead" --pool-rounds "$logs/rounds_$part.tsv" 2>&1
+    else
+        echo "none: no round finished (or no such device here: $logs/$part.md)"
+    fi
 }
 
 # The parts with a section of their own, and the pattern of those that run
