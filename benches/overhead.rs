@@ -334,11 +334,28 @@ fn median_interval(values: &mut [f64]) -> (f64, f64) {
     (values[low], values[high])
 }
 
+/// An interval as printed, rounded outward to `decimals`, so that the
+/// printed interval holds the measured one: a top of 1.03005 prints as
+/// 1.031, not as a 1.030 that would read as inside a 1.03 target.
+fn interval_text(low: f64, high: f64, decimals: i32) -> String {
+    let scale = 10f64.powi(decimals);
+    let digits = decimals as usize;
+    format!("{:.digits$} to {:.digits$}", (low * scale).floor() / scale, (high * scale).ceil() / scale)
+}
+
+/// The outward rounding that `interval_text` promises, checked where the
+/// smoke run (`cargo test --benches`) sees it.
+fn check_interval_text() {
+    assert_eq!(interval_text(1.01449, 1.03005, 3), "1.014 to 1.031", "the top must round up, past a 1.03 target");
+    assert_eq!(interval_text(0.99951, 1.0004, 3), "0.999 to 1.001");
+    assert_eq!(interval_text(95.06, 104.91, 1), "95.0 to 105.0");
+}
+
 /// A ratio column's cells: the median, its 95% interval, min and max.
 fn ratio_cells(ratios: &mut [f64]) -> String {
     let (low, high) = median_interval(ratios);
     let (median, min, max) = summary(ratios);
-    format!("{median:.3} | {low:.3} to {high:.3} | {min:.3} | {max:.3}")
+    format!("{median:.3} | {} | {min:.3} | {max:.3}", interval_text(low, high, 3))
 }
 
 fn summary(values: &mut [f64]) -> (f64, f64, f64) {
@@ -581,7 +598,7 @@ fn pool_blocks(files: &[String]) {
                 let sd = (values.iter().map(|v| (v - average).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
                 let (low, high) = median_interval(&mut values);
                 let (median, _, _) = summary(&mut values);
-                format!("{median:.3} ({low:.3} to {high:.3}), {sd:.3}")
+                format!("{median:.3} ({}), {sd:.3}", interval_text(low, high, 3))
             };
             println!("| {name} | {} | {} |", cells(ratios(mean_per_step)), cells(ratios(mean_without_slowest)));
         }
@@ -957,7 +974,7 @@ fn host_object_pair_costs(scale: &Scale) {
             .map(|added| {
                 let (low, high) = median_interval(added);
                 let (median, _, _) = summary(added);
-                format!("{median:.1} | {low:.1} to {high:.1}")
+                format!("{median:.1} | {}", interval_text(low, high, 1))
             })
             .collect();
         let freed_on = if on_another_thread { "another thread" } else { "the same thread" };
@@ -1374,6 +1391,7 @@ fn main() {
         open_to_append(&SAVED_ROUNDS, "--save-rounds", path);
     }
     check_turn_orders();
+    check_interval_text();
     let full = args.iter().any(|a| a == "--bench");
     let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| SECTIONS.contains(a)).collect();
     let wanted = |section: &str| named.is_empty() || named.contains(&section);
